@@ -1,0 +1,6 @@
+import sys
+
+from loadpolicy.cli import main
+
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""Normalise raw distributed sizes the way transformers 5.23.0's `DistributedConfig` does, without importing it.
+
+`loadpolicy explain` runs before any launch and on machines without torch, so it cannot build a `DistributedConfig`.
+This mirrors `DistributedConfig._resolve_parallelism` and `_validate_mesh_config`
+(`distributed/configuration_utils.py:132-191` in 5.23.0); `tests/unit/test_sizes.py` pins the behaviour, and the
+live adapter (`loadpolicy.live`) uses transformers' own normalisation instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadpolicy.policy import LoadPolicyError, ParallelSizes
+
+
+@dataclass(frozen=True, slots=True)
+class RawSizes:
+    """Sizes as a user writes them in `DistributedConfig(...)`; `None` means "not given"."""
+
+    tp_size: int | None = None
+    ep_size: int | None = None
+    fsdp_size: int | None = None
+    pp_size: int | None = None
+    dp_replicate_size: int | None = None
+    enable_expert_parallel: bool = False
+    tp_plan_given: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NormalisedSizes:
+    sizes: ParallelSizes
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _derive_tp(raw: RawSizes, others: int, world_size: int) -> int:
+    if raw.tp_size is not None:
+        return raw.tp_size
+    if not raw.tp_plan_given:
+        return 1
+    if world_size % others:
+        raise LoadPolicyError(
+            f"WORLD_SIZE ({world_size}) must be divisible by dp_replicate_size * fsdp_size * pp_size ({others}) "
+            "to derive tp_size."
+        )
+    return world_size // others
+
+
+def _derive_ep(raw: RawSizes, tp: int, warnings: list[str]) -> int:
+    if not raw.enable_expert_parallel:
+        return 1 if raw.ep_size is None else raw.ep_size
+    if raw.ep_size is not None:
+        if raw.ep_size == 1:
+            warnings.append("enable_expert_parallel=True with ep_size=1 leaves expert parallelism OFF.")
+        return raw.ep_size
+    # transformers maps the deprecated flag to ep_size = tp_size; with tp_size=1 that silently leaves EP off.
+    if tp == 1:
+        warnings.append(
+            "enable_expert_parallel=True without ep_size normalises to ep_size=tp_size=1: expert parallelism is "
+            "OFF. Write DistributedConfig(tp_size=N, ep_size=N) (N = ranks) to shard experts."
+        )
+    else:
+        warnings.append(
+            f"enable_expert_parallel=True without ep_size is deprecated; it means ep_size={tp}. "
+            f"Write DistributedConfig(tp_size={tp}, ep_size={tp})."
+        )
+    return tp
+
+
+def normalise_sizes(raw: RawSizes, world_size: int = 1) -> NormalisedSizes:
+    """Return the sizes transformers would use, with warnings for spellings that do not do what they seem to."""
+    for name in ("tp_size", "ep_size", "fsdp_size", "pp_size", "dp_replicate_size"):
+        value = getattr(raw, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise LoadPolicyError(f"`{name}` must be an integer >= 1 or unset, got {value!r}.")
+    fsdp = raw.fsdp_size or 1
+    dp_replicate = raw.dp_replicate_size or 1
+    pp = raw.pp_size or 1
+    tp = _derive_tp(raw, dp_replicate * fsdp * pp, world_size)
+    warnings: list[str] = []
+    ep = _derive_ep(raw, tp, warnings)
+
+    if ep > 1:
+        if ep % tp:
+            raise LoadPolicyError(f"`ep_size` ({ep}) must be a multiple of `tp_size` ({tp}).")
+        if (fsdp * tp) % ep:
+            raise LoadPolicyError(f"`ep_size` ({ep}) must divide `fsdp_size * tp_size` ({fsdp} * {tp}).")
+    if dp_replicate * fsdp > 1 and pp > 1:
+        raise LoadPolicyError(
+            f"FSDP (fsdp_size={fsdp}, dp_replicate_size={dp_replicate}) cannot be combined with pipeline "
+            f"parallelism (pp_size={pp}) in transformers 5.23.0."
+        )
+    sizes = ParallelSizes(tp=tp, ep=ep, fsdp=fsdp, pp=pp, dp_replicate=dp_replicate)
+    return NormalisedSizes(sizes=sizes, warnings=tuple(warnings))
