@@ -11,6 +11,8 @@ from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
+from loadpolicy.upstream import commands as upstream_commands
+from loadpolicy.upstream.pin import UpstreamError
 
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
@@ -55,6 +57,7 @@ def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     parser.add_argument("--policy", metavar="NAME", help="an explicit choice: Zero3Init, MetaShardOnRead or EPMeta")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_run_explain)
 
 
 def _run_explain(args: argparse.Namespace) -> str:
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadpolicy", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_explain(subparsers)
+    upstream_commands.add_parsers(subparsers)
     return parser
 
 
@@ -95,8 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        output = _run_explain(args)
-    except LoadPolicyError as exc:
+        output = args.handler(args)
+    except (LoadPolicyError, UpstreamError) as exc:
         print(f"loadpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2
     print(output)

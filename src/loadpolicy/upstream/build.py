@@ -1,0 +1,54 @@
+"""Install the patched tree, or build a wheel of it with a local version label that names the series."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from loadpolicy.upstream.git import git
+from loadpolicy.upstream.pin import Pin, UpstreamError
+from loadpolicy.upstream.series import Series
+
+
+# Where transformers 5.23.0 spells its version; both must change together for a consistent wheel.
+_VERSION_FILES = ("setup.py", "src/transformers/__init__.py")
+
+
+def local_version(pin: Pin, series: Series) -> str:
+    """`5.23.0+loadpolicy.<first 10 hex of the sha256 over the series files, in order>`: a new series, a new label."""
+    digest = hashlib.sha256()
+    for path in series.paths:
+        digest.update(path.read_bytes())
+    return f"{pin.version}+loadpolicy.{digest.hexdigest()[:10]}"
+
+
+def _pip(*args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise UpstreamError(f"pip {' '.join(args)} failed:\n{result.stderr.strip()[-4000:]}")
+
+
+def install(tree: Path) -> None:
+    """Install the patched tree into the running interpreter's environment (not editable: it is a release)."""
+    _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(tree))
+
+
+def build_wheel(tree: Path, pin: Pin, series: Series, out: Path) -> Path:
+    """Build a wheel versioned `local_version(...)`; the tree is left exactly as it was."""
+    version = local_version(pin, series)
+    try:
+        for name in _VERSION_FILES:
+            path = tree / name
+            text = path.read_text(encoding="utf-8")
+            quoted = f'"{pin.version}"'
+            if text.count(quoted) != 1:
+                raise UpstreamError(f"{name}: expected the version {quoted} exactly once")
+            path.write_text(text.replace(quoted, f'"{version}"'), encoding="utf-8")
+        out.mkdir(parents=True, exist_ok=True)
+        _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out.resolve()), str(tree))
+    finally:
+        git(tree, "checkout", "--", *_VERSION_FILES)
+    (wheel,) = out.glob(f"transformers-{version}-*.whl")
+    return wheel

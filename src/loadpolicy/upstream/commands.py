@@ -1,0 +1,98 @@
+"""`loadpolicy checkout` and `loadpolicy series ...`: the pinned upstream tree and the patch series."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from loadpolicy.upstream.build import build_wheel, install
+from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
+from loadpolicy.upstream.checkout import checkout, pristine_tag
+from loadpolicy.upstream.fetch import fetch_unpinned
+from loadpolicy.upstream.pin import read_pin
+from loadpolicy.upstream.refresh import refresh
+from loadpolicy.upstream.series import export_series, lint_series, read_series, require_clean
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--patches", type=Path, default=Path("patches"), help="series directory (default: patches)")
+    parser.add_argument("--cache", type=Path, default=Path("build/cache"), help="sdist cache (default: build/cache)")
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("checkout", help="pinned transformers sdist, verified, as git with the series")
+    parser.add_argument("dest", type=Path, help="new directory for the git checkout")
+    parser.add_argument("--pristine", action="store_true", help="stop after the pristine upstream commit")
+    parser.add_argument("--install", action="store_true", help="pip install the patched tree here")
+    parser.add_argument("--wheel", type=Path, metavar="DIR", help="build a 5.23.0+loadpolicy.<hash> wheel into DIR")
+    _common(parser)
+    parser.set_defaults(handler=_checkout)
+
+    series = subparsers.add_parser("series", help="lint, export or refresh the patch series").add_subparsers(
+        dest="series_command", required=True, metavar="ACTION"
+    )
+    lint = series.add_parser("lint", help="listing, headers, and (with --apply) a clean apply to the pinned tree")
+    lint.add_argument("--apply", action="store_true", help="also apply the series to a fresh pristine checkout")
+    _common(lint)
+    lint.set_defaults(handler=_lint)
+
+    export = series.add_parser("export", help="regenerate the series from a checkout's branch, deterministically")
+    export.add_argument("tree", type=Path)
+    _common(export)
+    export.set_defaults(handler=_export)
+
+    sync = series.add_parser("sync-policy", help="write the generated policy module into a checkout")
+    sync.add_argument("tree", type=Path)
+    sync.set_defaults(handler=_sync_policy)
+
+    again = series.add_parser("refresh", help="rebase the series onto another release; show git range-diff")
+    again.add_argument("version", help="the transformers release to try, e.g. 5.24.0")
+    again.add_argument("dest", type=Path, help="new directory for the checkout")
+    _common(again)
+    again.set_defaults(handler=_refresh)
+
+
+def _checkout(args: argparse.Namespace) -> str:
+    pin = checkout(args.dest, args.patches, args.cache, apply=not args.pristine)
+    lines = [f"{args.dest}: {pin.name} {pin.version} (sha256 verified), tag {pristine_tag(pin)}"]
+    if not args.pristine:
+        lines.append(f"applied {len(read_series(args.patches).names)} patches on branch loadpolicy")
+    if args.install:
+        install(args.dest)
+        lines.append("installed the patched tree")
+    if args.wheel is not None:
+        lines.append(f"built {build_wheel(args.dest, pin, read_series(args.patches), args.wheel)}")
+    return "\n".join(lines)
+
+
+def _lint(args: argparse.Namespace) -> str:
+    series = read_series(args.patches)
+    require_clean(lint_series(series))
+    if args.apply:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkout(Path(tmp) / "tree", args.patches, args.cache)
+    return f"{len(series.names)} patches: listed once each, headers present" + (
+        ", apply cleanly" if args.apply else ""
+    )
+
+
+def _export(args: argparse.Namespace) -> str:
+    pin = read_pin(args.patches / "UPSTREAM")
+    names = export_series(args.tree, pristine_tag(pin), args.patches)
+    return f"wrote {len(names)} patches and series to {args.patches}"
+
+
+def _sync_policy(args: argparse.Namespace) -> str:
+    target = args.tree / TRANSFORMERS_MODULE
+    target.write_text(render_transformers_module(SOURCE.read_text(encoding="utf-8")), encoding="utf-8")
+    return f"wrote {target}; amend the patch that adds it, then `loadpolicy series export`"
+
+
+def _refresh(args: argparse.Namespace) -> str:
+    pin = read_pin(args.patches / "UPSTREAM")
+    checkout(args.dest, args.patches, args.cache)
+    target = fetch_unpinned(pin.name, args.version, args.cache)
+    result = refresh(args.dest, pin, target, args.cache)
+    status = "applied" if result.applied else "FAILED"
+    return f"{pin.version} -> {target.version} (sdist sha256 {target.sha256}): {status}\n{result.report}"
