@@ -1,0 +1,99 @@
+"""The real pinned sdist, real git: checkout verifies and applies; export is byte-stable; failures say where."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadpolicy.upstream.checkout import checkout, pristine_tag
+from loadpolicy.upstream.fetch import fetch_sdist, unpack
+from loadpolicy.upstream.pin import Pin, UpstreamError, read_pin
+from loadpolicy.upstream.series import export_series, read_series
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PATCHES = ROOT / "patches"
+CACHE = ROOT / "build" / "cache"
+
+
+@pytest.fixture(scope="module")
+def pin() -> Pin:
+    return read_pin(PATCHES / "UPSTREAM")
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory: pytest.TempPathFactory, pin: Pin) -> Path:
+    tree = tmp_path_factory.mktemp("checkout") / "tf"
+    checkout(tree, PATCHES, CACHE)
+    return tree
+
+
+def test_checkout_has_pristine_commit_then_one_commit_per_patch(patched: Path, pin: Pin) -> None:
+    log = subprocess.run(
+        ["git", "log", "--format=%s", f"{pristine_tag(pin)}..HEAD"], cwd=patched, capture_output=True, text=True
+    )
+    assert len(log.stdout.splitlines()) == len(read_series(PATCHES).names)
+    first = subprocess.run(["git", "log", "--format=%s", "-1", pristine_tag(pin)], cwd=patched, capture_output=True)
+    assert first.stdout.decode().strip() == "transformers 5.23.0 (pristine sdist)"
+
+
+def test_reexporting_an_unchanged_branch_is_byte_identical(patched: Path, pin: Pin, tmp_path: Path) -> None:
+    out = tmp_path / "patches"
+    out.mkdir()
+    names = export_series(patched, pristine_tag(pin), out)
+    assert names == list(read_series(PATCHES).names)
+    comparison = filecmp.dircmp(out, PATCHES, ignore=["UPSTREAM"])
+    assert comparison.diff_files == []
+    assert comparison.left_only == []
+    assert [n for n in comparison.right_only if n != "UPSTREAM"] == []
+    _, mismatch, errors = filecmp.cmpfiles(out, PATCHES, [*names, "series"], shallow=False)
+    assert mismatch == errors == []
+
+
+def test_sha256_mismatch_refuses_to_unpack(pin: Pin, tmp_path: Path) -> None:
+    sdist = fetch_sdist(pin, CACHE)
+    wrong = Pin(name=pin.name, version=pin.version, sdist=pin.sdist, sha256="0" * 64)
+    with pytest.raises(UpstreamError, match=r"does not match the pinned 0{64}.*refusing to unpack"):
+        unpack(sdist, wrong, tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+
+
+def test_a_patch_that_does_not_apply_is_named_with_its_file(tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES, patches)
+    victim = next(p for p in read_series(patches).paths if "device_map" in p.name)
+    text = victim.read_text(encoding="utf-8")
+    # Break one context line of the hunk in integrations/accelerate.py so it no longer matches the pristine tree.
+    broken = text.replace(" def compute_module_sizes(", " def compute_module_sizes_renamed(", 1)
+    assert broken != text
+    victim.write_text(broken, encoding="utf-8")
+    with pytest.raises(UpstreamError) as excinfo:
+        checkout(tmp_path / "tf", patches, CACHE)
+    message = str(excinfo.value)
+    assert f"patch {victim.name} does not apply" in message
+    assert "src/transformers/integrations/accelerate.py" in message
+
+
+def test_touched_files_pass_transformers_own_ruff(patched: Path, pin: Pin) -> None:
+    """transformers' ruff version and configuration, on every Python file the series touches."""
+    ruff = shutil.which("ruff", path=os.path.dirname(sys.executable))
+    assert ruff is not None, "the patches environment installs transformers' ruff"
+    version = subprocess.run([ruff, "--version"], capture_output=True, text=True).stdout
+    assert version.strip() == "ruff 0.14.10", version
+    touched = subprocess.run(
+        ["git", "diff", "--name-only", f"{pristine_tag(pin)}..HEAD", "--", "*.py"],
+        cwd=patched,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "src/transformers/modeling_utils.py" in touched
+    for command in (["check"], ["format", "--check"]):
+        result = subprocess.run([ruff, *command, *touched], cwd=patched, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,80 @@
+"""The committed series: listing, headers, and the generated policy module matching its source (no network)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
+from loadpolicy.upstream.pin import UpstreamError, read_pin
+from loadpolicy.upstream.series import lint_series, read_series
+
+
+PATCHES = Path(__file__).resolve().parents[2] / "patches"
+
+
+def new_file_in_patch(patch: str, path: str) -> str:
+    """The content a `git format-patch` file creates at `path` (a new file: every hunk line starts with '+')."""
+    lines = patch.splitlines(keepends=True)
+    start = lines.index(f"+++ b/{path}\n")
+    content = []
+    for line in lines[start + 2 :]:  # skip the `@@ -0,0 +1,N @@` header
+        if not line.startswith("+"):
+            break
+        content.append(line[1:])
+    return "".join(content)
+
+
+def test_generated_policy_module_in_the_series_matches_its_source() -> None:
+    carriers = [p for p in read_series(PATCHES).paths if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
+    assert len(carriers) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {carriers}"
+    carried = new_file_in_patch(carriers[0].read_text(encoding="utf-8"), TRANSFORMERS_MODULE)
+    expected = render_transformers_module(SOURCE.read_text(encoding="utf-8"))
+    assert carried == expected, (
+        "the policy module in the series drifted from src/loadpolicy/policy.py: run "
+        "`loadpolicy series sync-policy TREE`, amend the patch that adds it, and `loadpolicy series export TREE`"
+    )
+
+
+def test_committed_series_lints_clean() -> None:
+    assert lint_series(read_series(PATCHES)) == []
+
+
+def test_pin_is_the_5_23_0_sdist() -> None:
+    pin = read_pin(PATCHES / "UPSTREAM")
+    assert (pin.name, pin.version) == ("transformers", "5.23.0")
+    assert pin.sha256 == "19d647a4d5d903a7c644ca5cde2d86efc3dde7d8c687ae7988806ff2205efa71"
+
+
+@pytest.fixture
+def series_copy(tmp_path: Path) -> Path:
+    shutil.copytree(PATCHES, tmp_path / "patches")
+    return tmp_path / "patches"
+
+
+def test_lint_finds_an_unlisted_patch(series_copy: Path) -> None:
+    (series_copy / "0099-extra.patch").write_text("", encoding="utf-8")
+    assert "0099-extra.patch: exists but is not listed in series" in lint_series(read_series(series_copy))
+
+
+def test_lint_finds_a_patch_listed_twice_and_a_missing_one(series_copy: Path) -> None:
+    names = (series_copy / "series").read_text(encoding="utf-8").splitlines()
+    (series_copy / "series").write_text("\n".join([*names, names[0], "0042-gone.patch"]) + "\n", encoding="utf-8")
+    problems = lint_series(read_series(series_copy))
+    assert f"series: {names[0]} is listed twice" in problems
+    assert "series: 0042-gone.patch is listed but does not exist" in problems
+
+
+def test_lint_finds_a_missing_dep3_trailer(series_copy: Path) -> None:
+    first = read_series(series_copy).paths[0]
+    first.write_text(first.read_text(encoding="utf-8").replace("\nForwarded: no\n", "\n"), encoding="utf-8")
+    assert f"{first.name}: missing DEP-3 trailer `Forwarded:`" in lint_series(read_series(series_copy))
+
+
+def test_bad_pin_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "UPSTREAM"
+    path.write_text("name = transformers\nversion = 5.23.0\nsdist = x.tar.gz\nsha256 = abc\n", encoding="utf-8")
+    with pytest.raises(UpstreamError, match="sha256 must be 64 lowercase hex digits, got 'abc'"):
+        read_pin(path)
