@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,17 @@ def test_touched_files_pass_transformers_own_ruff(patched: Path, pin: Pin) -> No
     for command in (["check"], ["format", "--check"]):
         result = subprocess.run([ruff, *command, *touched], cwd=patched, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_wheel_carries_a_local_version_and_leaves_the_checkout_clean(patched: Path, pin: Pin, tmp_path: Path) -> None:
+    from loadpolicy.upstream.build import build_wheel, local_version
+
+    wheel = build_wheel(patched, pin, read_series(PATCHES), tmp_path)
+    version = local_version(pin, read_series(PATCHES))
+    assert version.startswith("5.23.0+loadpolicy.")
+    assert wheel.name.startswith(f"transformers-{version}-")
+    with zipfile.ZipFile(wheel) as archive:
+        assert f'__version__ = "{version}"' in archive.read("transformers/__init__.py").decode()
+        assert "transformers/integrations/load_policy.py" in archive.namelist()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=patched, capture_output=True, text=True, check=True)
+    assert status.stdout == ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 from loadpolicy.upstream.git import git
@@ -30,25 +32,34 @@ def _pip(*args: str) -> None:
         raise UpstreamError(f"pip {' '.join(args)} failed:\n{result.stderr.strip()[-4000:]}")
 
 
+def _export_tree(tree: Path, dest: Path) -> Path:
+    """The committed tree (HEAD) copied to `dest`, so building never writes into the checkout (egg-info, build/)."""
+    archive = dest / "tree.tar"
+    git(tree, "archive", "--format=tar", f"--output={archive}", "HEAD")
+    with tarfile.open(archive) as handle:
+        handle.extractall(dest / "tree", filter="data")
+    return dest / "tree"
+
+
 def install(tree: Path) -> None:
-    """Install the patched tree into the running interpreter's environment (not editable: it is a release)."""
-    _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(tree))
+    """Install the patched tree's HEAD into the running interpreter's environment (not editable: it is a release)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(_export_tree(tree, Path(tmp))))
 
 
 def build_wheel(tree: Path, pin: Pin, series: Series, out: Path) -> Path:
-    """Build a wheel versioned `local_version(...)`; the tree is left exactly as it was."""
+    """Build a wheel of the tree's HEAD versioned `local_version(...)`, from a copy: the checkout is not touched."""
     version = local_version(pin, series)
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = _export_tree(tree, Path(tmp))
         for name in _VERSION_FILES:
-            path = tree / name
+            path = copy / name
             text = path.read_text(encoding="utf-8")
             quoted = f'"{pin.version}"'
             if text.count(quoted) != 1:
                 raise UpstreamError(f"{name}: expected the version {quoted} exactly once")
             path.write_text(text.replace(quoted, f'"{version}"'), encoding="utf-8")
         out.mkdir(parents=True, exist_ok=True)
-        _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out.resolve()), str(tree))
-    finally:
-        git(tree, "checkout", "--", *_VERSION_FILES)
+        _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out.resolve()), str(copy))
     (wheel,) = out.glob(f"transformers-{version}-*.whl")
     return wheel
