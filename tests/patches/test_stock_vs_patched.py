@@ -1,0 +1,73 @@
+"""The same 2-rank load on the pristine and on the patched tree: stock 5.23.0 fails EP under ZeRO-3, patched loads it.
+
+Runs the worker of the series' own test (`tests/test_load_policy.py` in the patched tree) with each tree's `src` first
+on PYTHONPATH, so both trees are exercised in one environment. Needs the patched tree installed (tox -e patches).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from loadpolicy.upstream.checkout import checkout, pristine_tag
+from loadpolicy.upstream.pin import read_pin
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PATCHES = ROOT / "patches"
+CACHE = ROOT / "build" / "cache"
+
+
+def _load_tree_tests(tree: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("tree_test_load_policy", tree / "tests" / "test_load_policy.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    patched = tmp_path_factory.mktemp("trees") / "patched"
+    checkout(patched, PATCHES, CACHE)
+    pristine = patched.parent / "pristine"
+    tag = pristine_tag(read_pin(PATCHES / "UPSTREAM"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(pristine), tag], cwd=patched, check=True, capture_output=True
+    )
+    return pristine, patched
+
+
+def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("transformers.integrations.load_policy", reason="run under tox -e patches")
+    pristine, patched = trees
+    tree_tests = _load_tree_tests(patched)
+    checkpoint = tmp_path / "checkpoint"
+    import torch
+
+    torch.manual_seed(0)
+    model = tree_tests.Qwen3MoeForCausalLM(tree_tests.tiny_qwen3_moe_config())
+    model.save_pretrained(checkpoint)
+    args = [str(checkpoint), "Qwen3MoeForCausalLM", "ep_zero3"]
+    outcomes = {}
+    for name, tree in (("stock", pristine), ("patched", patched)):
+        out = tmp_path / name
+        out.mkdir()
+        env = {"ZERO3_CONFIG": json.dumps(tree_tests.ZERO3_CONFIG), "PYTHONPATH": str(tree / "src")}
+        outcomes[name] = tree_tests.run_torchrun(tree_tests.WORKER, args, str(out), env=env)
+    for rank, result in enumerate(outcomes["stock"]):
+        assert "not compatible with passing a `device_map`" in result.get("error", ""), f"stock rank {rank}: {result}"
+    for rank, result in enumerate(outcomes["patched"]):
+        assert "error" not in result, f"patched rank {rank}: {result.get('traceback')}"
+        assert result["policy"] == "EPMeta"
+        assert result["on_meta"] == []
+        assert all(equal for _, _, equal in result["experts"].values())
+        assert result["max_abs_diff"] <= 1e-5
