@@ -13,6 +13,7 @@ from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.validate import validate as validate_command
 
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_explain(subparsers)
     upstream_commands.add_parsers(subparsers)
+    validate_command.add_parser(subparsers)
     return parser
 
 
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output = args.handler(args)
-    except (LoadPolicyError, UpstreamError) as exc:
+    except (LoadPolicyError, UpstreamError, validate_command.ValidationFailedError) as exc:
         print(f"loadpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2
     print(output)

@@ -1,0 +1,138 @@
+"""Tiny models of every validated architecture, built from transformers config classes (no hub).
+
+Sizes are the smallest that load under EP at 2 and 4 ranks: 4 experts (divisible by 2 and 4), 4 KV heads (TP=4
+needs at least 4), one MoE layer. `save_pretrained` writes the architecture's real on-disk format, so loading runs the
+same weight conversions (per-expert keys merged into `gate_up_proj`, mixtral's renames) as a real checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+_ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 4}
+_COMMON = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "max_position_embeddings": 64}
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    model_type: str
+    config_class: str
+    model_class: str
+    config: dict[str, Any]
+    moe: bool = True
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    arch.model_type: arch
+    for arch in (
+        Architecture(
+            "qwen3_moe",
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            _COMMON
+            | _ATTENTION
+            | {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "intermediate_size": 32},
+        ),
+        Architecture(
+            "mixtral",
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            _COMMON | _ATTENTION | {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 8},
+        ),
+        Architecture(
+            "gpt_oss",
+            "GptOssConfig",
+            "GptOssForCausalLM",
+            _COMMON
+            | _ATTENTION
+            | {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 8, "sliding_window": 8},
+        ),
+        Architecture(
+            "deepseek_v3",
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            _COMMON
+            | {
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "n_shared_experts": 1,
+                "n_group": 1,
+                "topk_group": 1,
+                "first_k_dense_replace": 0,
+                "moe_intermediate_size": 8,
+                "intermediate_size": 32,
+                "q_lora_rank": None,
+                "kv_lora_rank": 8,
+                "qk_nope_head_dim": 4,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 4,
+            },
+        ),
+        Architecture(
+            "qwen2_moe",
+            "Qwen2MoeConfig",
+            "Qwen2MoeForCausalLM",
+            _COMMON
+            | _ATTENTION
+            | {
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 8,
+                "shared_expert_intermediate_size": 8,
+                "intermediate_size": 32,
+            },
+        ),
+        Architecture(
+            "olmoe",
+            "OlmoeConfig",
+            "OlmoeForCausalLM",
+            _COMMON
+            | {"num_attention_heads": 4, "num_key_value_heads": 4}
+            | {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 8},
+        ),
+        Architecture(
+            "glm4v_moe",
+            "Glm4vMoeConfig",
+            "Glm4vMoeForConditionalGeneration",
+            {
+                "text_config": _COMMON
+                | {
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 4,
+                    "head_dim": 4,
+                    "intermediate_size": 32,
+                    "moe_intermediate_size": 8,
+                    "num_experts_per_tok": 2,
+                    "n_routed_experts": 4,
+                    "n_shared_experts": 1,
+                    "first_k_dense_replace": 1,
+                    "rope_parameters": {
+                        "rope_type": "default",
+                        "rope_theta": 10000.0,
+                        "mrope_section": [1, 0, 1],
+                        "partial_rotary_factor": 1.0,
+                    },
+                },
+                "vision_config": {
+                    "depth": 1,
+                    "hidden_size": 16,
+                    "num_heads": 2,
+                    "intermediate_size": 32,
+                    "out_hidden_size": 16,
+                },
+            },
+        ),
+        Architecture(
+            "llama",
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            _COMMON | _ATTENTION | {"intermediate_size": 32},
+            moe=False,
+        ),
+    )
+}

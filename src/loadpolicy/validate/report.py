@@ -1,0 +1,94 @@
+"""The table printed at the end, the JSON with every figure, and the markdown report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.validate.matrix import Tree
+from loadpolicy.validate.runner import RunOutcome
+
+
+def _key(outcome: RunOutcome) -> tuple[str, str, int]:
+    return (str(outcome.run.scenario), str(outcome.run.launcher), outcome.run.ranks)
+
+
+def rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
+    """One row per scenario x architecture x launcher x ranks, with the stock and the patched result side by side."""
+    table: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    for outcome in outcomes:
+        scenario, launcher, ranks = _key(outcome)
+        for arch in outcome.archs:
+            row = table.setdefault(
+                (scenario, arch.arch, launcher, ranks),
+                {"scenario": scenario, "arch": arch.arch, "launcher": launcher, "ranks": ranks},
+            )
+            verdict = "pass" if arch.passed else "FAIL"
+            if outcome.launch_error:
+                verdict = "FAIL"
+            expected = outcome.met_expectation
+            tree = str(outcome.run.tree)
+            row[tree] = verdict + ("" if expected else " (unexpected)")
+            row[f"{tree}_detail"] = outcome.launch_error or arch.detail
+            row[f"{tree}_seconds"] = round(outcome.seconds, 1)
+    return list(table.values())
+
+
+def render_table(outcomes: list[RunOutcome]) -> str:
+    header = f"{'scenario':<28} {'arch':<12} {'launcher':<10} {'ranks':>5}  {'stock':<18} {'patched':<18} time"
+    lines = [header, "-" * len(header)]
+    for row in rows(outcomes):
+        seconds = row.get("patched_seconds", row.get("stock_seconds", 0.0))
+        lines.append(
+            f"{row['scenario']:<28} {row['arch']:<12} {row['launcher']:<10} {row['ranks']:>5}  "
+            f"{row.get('stock', '-'):<18} {row.get('patched', '-'):<18} {seconds:.1f}s"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown(outcomes: list[RunOutcome], command: str) -> str:
+    lines = [
+        "# Validation report",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| scenario | arch | launcher | ranks | stock 5.23.0 | patched | time (patched) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows(outcomes):
+        stock = f"{row.get('stock', '-')}: {row.get('stock_detail', '')}".replace("|", "/").replace("\n", " ")
+        patched = f"{row.get('patched', '-')}: {row.get('patched_detail', '')}".replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {row['scenario']} | {row['arch']} | {row['launcher']} | {row['ranks']} | {stock[:160]} | "
+            f"{patched[:160]} | {row.get('patched_seconds', '-')}s |"
+        )
+    failed = [o for o in outcomes if not o.met_expectation]
+    lines += ["", f"{len(outcomes)} runs, {len(failed)} not as expected."]
+    lines += [
+        f"- {o.run.label}: {o.launch_error or '; '.join(a.detail for a in o.archs if not a.passed)}" for o in failed
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(outcomes: list[RunOutcome], path: Path) -> None:
+    payload = [
+        {
+            "scenario": str(o.run.scenario),
+            "tree": str(o.run.tree),
+            "launcher": str(o.run.launcher),
+            "ranks": o.run.ranks,
+            "seconds": o.seconds,
+            "met_expectation": o.met_expectation,
+            "launch_error": o.launch_error,
+            "archs": [asdict(a) for a in o.archs],
+        }
+        for o in outcomes
+    ]
+    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+
+
+def is_unexpected(outcome: RunOutcome) -> bool:
+    """Exit non-zero for these: a patched case that fails, or a stock case that passes when it should fail."""
+    return not outcome.met_expectation and (outcome.run.tree is Tree.PATCHED or outcome.run.spec.stock_fails)

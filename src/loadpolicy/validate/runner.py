@@ -1,0 +1,213 @@
+"""Launch one run with a bound, read every rank's result, and judge it against the scenario's expectation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import loadpolicy
+from loadpolicy.validate.matrix import Launcher, Run, Tree, distributed_sizes
+from loadpolicy.validate.models import ARCHITECTURES
+
+
+ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 1}
+MAX_ABS_DIFF = 1e-5
+OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class ArchOutcome:
+    arch: str
+    passed: bool
+    detail: str  # why it failed, or what it proved
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    run: Run
+    seconds: float
+    archs: tuple[ArchOutcome, ...]
+    launch_error: str | None = None  # timeout or a rank that wrote nothing, with where each rank was
+
+    @property
+    def met_expectation(self) -> bool:
+        if self.run.tree is Tree.STOCK and self.run.spec.stock_fails:
+            return all(not arch.passed for arch in self.archs)
+        return self.launch_error is None and all(arch.passed for arch in self.archs)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accelerate_config(path: Path, ranks: int, port: int) -> Path:
+    # What users of PR #45548 run: accelerate launch with DeepSpeed ZeRO-3 and zero3_init_flag on.
+    path.write_text(
+        "\n".join(
+            [
+                "compute_environment: LOCAL_MACHINE",
+                "distributed_type: DEEPSPEED",
+                "deepspeed_config:",
+                "  zero_stage: 3",
+                "  zero3_init_flag: true",
+                "  gradient_accumulation_steps: 1",
+                "  offload_optimizer_device: none",
+                "  offload_param_device: none",
+                f"num_processes: {ranks}",
+                "num_machines: 1",
+                "machine_rank: 0",
+                f"main_process_port: {port}",
+                "mixed_precision: 'no'",
+                "use_cpu: true",
+                "",
+            ]
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float) -> RunOutcome:
+    out.mkdir(parents=True, exist_ok=True)
+    spec = run.spec
+    cases = [
+        {"arch": a, "checkpoint": str(checkpoints / a), "model_class": ARCHITECTURES[a].model_class}
+        for a in spec.archs
+    ]
+    worker_spec = {
+        "launcher": str(run.launcher),
+        "zero3": spec.zero3,
+        "zero3_config": ZERO3_CONFIG | {"train_batch_size": run.ranks},
+        "distributed": distributed_sizes(spec, run.ranks),
+        "cases": cases,
+    }
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps(worker_spec, indent=2), encoding="utf-8")
+    port = _free_port()
+    worker = ["-m", "loadpolicy.validate.worker", str(spec_path), str(out)]
+    if run.launcher is Launcher.TORCHRUN:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={run.ranks}"]
+        command += [f"--master-port={port}", *worker]
+    else:
+        config = _accelerate_config(out / "accelerate.yaml", run.ranks, port)
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(trees[run.tree] / "src"), str(OUR_SRC)]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    start = time.monotonic()
+    log = (out / "launcher.log").open("w", encoding="utf-8")
+    with log, subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True) as proc:
+        try:
+            proc.wait(timeout=timeout)
+            launch_error = None
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+            proc.wait()
+            launch_error = f"timed out after {timeout:.0f}s; " + _stages(out, run.ranks)
+    seconds = time.monotonic() - start
+    ranks = [_read_rank(out, rank) for rank in range(run.ranks)]
+    if launch_error is None and any(r is None for r in ranks):
+        launch_error = f"launcher exited {proc.returncode}; a rank wrote no result; " + _stages(out, run.ranks)
+    archs = tuple(_judge(run, arch, ranks) for arch in spec.archs)
+    return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
+
+
+def _stages(out: Path, ranks: int) -> str:
+    where = []
+    for rank in range(ranks):
+        path = out / f"rank{rank}.stage"
+        where.append(
+            f"rank {rank} at {path.read_text(encoding='utf-8')!r}" if path.exists() else f"rank {rank}: no stage"
+        )
+    return ", ".join(where)
+
+
+def _read_rank(out: Path, rank: int) -> dict[str, Any] | None:
+    path = out / f"rank{rank}.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutcome:
+    per_rank = []
+    for rank, data in enumerate(ranks):
+        if data is None:
+            return ArchOutcome(arch, False, f"rank {rank}: no result")
+        result = data["results"].get(arch)
+        if result is None:
+            return ArchOutcome(arch, False, f"rank {rank}: not reached ({data.get('fatal', 'no result')})")
+        per_rank.append(result)
+    errors = [(rank, r["error"]) for rank, r in enumerate(per_rank) if "error" in r]
+    refusal = run.spec.refusal
+    if refusal is not None and run.tree is Tree.PATCHED:
+        missing = [rank for rank, r in enumerate(per_rank) if refusal not in r.get("error", "")]
+        if missing:
+            return ArchOutcome(arch, False, f"ranks {missing} did not refuse with {refusal!r}")
+        return ArchOutcome(arch, True, f"refused on every rank: {per_rank[0]['error'][:160]}")
+    if errors:
+        rank, message = errors[0]
+        return ArchOutcome(arch, False, f"rank {rank}: {message[:200]}")
+    problems = [f"rank {rank}: {p}" for rank, r in enumerate(per_rank) for p in _problems(run, r)]
+    policies = {r["policy"] for r in per_rank}
+    if len(policies) != 1:
+        problems.append(f"ranks chose different policies: {[r['policy'] for r in per_rank]}")
+    figures = {"max_abs_diff": max(r["max_abs_diff"] for r in per_rank), "policy": per_rank[0]["policy"]}
+    if problems:
+        return ArchOutcome(arch, False, "; ".join(problems)[:400], figures)
+    return ArchOutcome(arch, True, f"{figures['policy']}, max abs diff {figures['max_abs_diff']:.1e}", figures)
+
+
+def _problems(run: Run, result: dict[str, Any]) -> list[str]:
+    problems = []
+    expected = run.spec.patched_policy if run.tree is Tree.PATCHED else None
+    if result["policy"] != expected:
+        problems.append(f"policy {result['policy']}, expected {expected}")
+    if result["on_meta"]:
+        problems.append(f"left on meta: {result['on_meta'][:3]}")
+    problems.extend(
+        f"{kind}: {result[kind][:3]}"
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+        if result[kind]
+    )
+    problems.extend(_placement_problems(run, result))
+    if result["max_abs_diff"] > MAX_ABS_DIFF:
+        problems.append(f"logits differ from one process by {result['max_abs_diff']:.2e}")
+    return problems
+
+
+def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
+    """Zero3Init: every parameter partitioned, gathered equal to the checkpoint. EP: each rank's expert slice."""
+    problems = []
+    if run.spec.patched_policy == "Zero3Init":
+        if result["partitioned"] != result["parameters"]:
+            problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
+        if result.get("gathered_unequal"):
+            problems.append(f"gathered values differ from the checkpoint: {result['gathered_unequal'][:3]}")
+    elif run.spec.sizes is not None:
+        if not result["experts"]:
+            problems.append("no expert parameters found")
+        for name, (local, full, equal) in result["experts"].items():
+            if local[0] * run.ranks != full[0]:
+                problems.append(f"{name}: local shape {local}, full {full}")
+            if not equal:
+                problems.append(f"{name}: not this rank's slice of the checkpoint")
+    return problems

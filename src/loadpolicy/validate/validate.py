@@ -1,0 +1,84 @@
+"""`loadpolicy validate`: build both trees and the checkpoints, run the matrix, report."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loadpolicy.upstream.checkout import checkout, pristine_tag
+from loadpolicy.validate.checkpoints import build_checkpoint
+from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
+from loadpolicy.validate.report import is_unexpected, render_markdown, render_table, write_json
+from loadpolicy.validate.runner import RunOutcome, launch
+
+
+def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
+    """The patched checkout and a worktree of its pristine commit, side by side under `out/trees`."""
+    trees = out / "trees"
+    shutil.rmtree(trees, ignore_errors=True)
+    trees.mkdir(parents=True)
+    patched = trees / "patched"
+    pin = checkout(patched, patches, cache)
+    pristine = trees / "stock"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(pristine), pristine_tag(pin)],
+        cwd=patched,
+        check=True,
+        capture_output=True,
+    )
+    return {Tree.STOCK: pristine, Tree.PATCHED: patched}
+
+
+def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
+    trees = prepare_trees(out, patches, cache)
+    checkpoints = out / "checkpoints"
+    for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
+        build_checkpoint(arch, checkpoints)
+    runs = fast_matrix() if fast else full_matrix()
+    outcomes: list[RunOutcome] = []
+    started = time.monotonic()
+    for index, run in enumerate(runs, start=1):
+        outcome = launch(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout)
+        outcomes.append(outcome)
+        passed = sum(a.passed for a in outcome.archs)
+        mark = "ok " if outcome.met_expectation else "!! "
+        print(
+            f"{mark}[{index}/{len(runs)}] {run.label}: {passed}/{len(outcome.archs)} archs passed "
+            f"({outcome.seconds:.1f}s){' ' + outcome.launch_error if outcome.launch_error else ''}",
+            flush=True,
+        )
+    print(render_table(outcomes))
+    write_json(outcomes, out / "report.json")
+    (out / "report.md").write_text(render_markdown(outcomes, command), encoding="utf-8")
+    unexpected = [o for o in outcomes if is_unexpected(o)]
+    print(f"\n{len(runs)} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
+    print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
+    return 1 if unexpected else 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="real multi-process loads on stock and patched transformers, with a report"
+    )
+    parser.add_argument("--fast", action="store_true", help="every scenario once at 2 ranks (the CI subset)")
+    parser.add_argument("--out", type=Path, default=Path("build/validate"), help="work and report directory")
+    parser.add_argument("--timeout", type=float, default=180.0, help="bound on each launch, in seconds")
+    parser.add_argument("--patches", type=Path, default=Path("patches"))
+    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    command = "loadpolicy validate" + (" --fast" if args.fast else "")
+    code = validate(args.out, args.patches, args.cache, fast=args.fast, timeout=args.timeout, command=command)
+    if code:
+        raise ValidationFailedError("some runs did not behave as expected: see the table above")
+    return "every run behaved as expected"
+
+
+class ValidationFailedError(RuntimeError):
+    """A patched case failed, or a stock case passed that should fail."""

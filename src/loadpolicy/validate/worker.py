@@ -1,0 +1,144 @@
+"""One rank of a validation run (`torchrun -m` or `accelerate launch -m loadpolicy.validate.worker SPEC OUT`).
+
+For every architecture of the run: a single-process reference load first (no ZeRO-3 yet), then ZeRO-3 is switched
+on the way the launcher's users do it (an `HfDeepSpeedConfig` under torchrun, an `Accelerator` under accelerate
+launch), and each model is loaded the distributed way and checked against its reference. Every rank writes its own
+result file, and a stage file saying where it is, so a timeout can report where each rank was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _local(tensor: Any) -> Any:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class Rank:
+    def __init__(self, out: Path) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.out = out
+
+    def stage(self, name: str) -> None:
+        (self.out / f"rank{self.rank}.stage").write_text(name, encoding="utf-8")
+
+    def write(self, result: dict[str, Any]) -> None:
+        (self.out / f"rank{self.rank}.json").write_text(json.dumps(result), encoding="utf-8")
+
+
+def _reference(spec: dict[str, Any], case: dict[str, Any], ids: Any) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, case["model_class"])
+    model = model_class.from_pretrained(case["checkpoint"], dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return {"logits": logits, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def _enable_zero3(spec: dict[str, Any]) -> Any:
+    """Make `is_deepspeed_zero3_enabled()` true the way this launcher's users do."""
+    if spec["launcher"] == "accelerate":
+        from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
+
+        # gloo on CPU: with the default backend every rank reports process_index 0 (running-distributed-on-cpu.md)
+        return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(spec["zero3_config"])
+
+
+def _check(
+    rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: dict[str, Any], ids: Any
+) -> dict[str, Any]:
+    import torch
+    import transformers
+    from transformers import DistributedConfig
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "output_loading_info": True}
+    if spec["distributed"] is not None:
+        kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
+    model_class = getattr(transformers, case["model_class"])
+    model, info = model_class.from_pretrained(case["checkpoint"], **kwargs)
+    policy = getattr(model, "_load_policy", None)
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    result: dict[str, Any] = {
+        "policy": None if policy is None else type(policy).__name__,
+        "missing_keys": sorted(info["missing_keys"]),
+        "unexpected_keys": sorted(info["unexpected_keys"]),
+        "mismatched_keys": sorted(str(k) for k in info["mismatched_keys"]),
+        "on_meta": [name for name, tensor in tensors if _local(tensor).is_meta],
+        "partitioned": sum(hasattr(p, "ds_id") for _, p in model.named_parameters()),
+        "parameters": sum(1 for _ in model.named_parameters()),
+    }
+    params = reference["params"]
+    if result["partitioned"]:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            unequal = [n for n, p in model.named_parameters() if not torch.equal(p.data, params[n])]
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits
+        result["gathered_unequal"] = unequal
+    else:
+        experts = {}
+        for name, param in model.named_parameters():
+            if ".experts." in name and spec["distributed"] is not None:
+                full, shard = params[name], _local(param.data)
+                n = full.shape[0] // rank.world_size
+                expected = full[rank.rank * n : (rank.rank + 1) * n]
+                experts[name] = [list(shard.shape), list(full.shape), bool(torch.equal(shard, expected))]
+        result["experts"] = experts
+        with torch.no_grad():
+            logits = _local(model(input_ids=ids).logits)
+    result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
+    return result
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    out = Path(out_dir)
+    rank = Rank(out)
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    results: dict[str, Any] = {}
+    current = "import"
+    try:
+        rank.stage(current)
+        import torch
+
+        torch.manual_seed(0)
+        ids = torch.arange(12).reshape(2, 6) % 64
+        references = {}
+        for case in spec["cases"]:
+            current = f"{case['arch']}: reference load"
+            rank.stage(current)
+            references[case["arch"]] = _reference(spec, case, ids)
+        if spec["zero3"]:
+            current = "enable ZeRO-3"
+            rank.stage(current)
+            keep_alive = _enable_zero3(spec)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
+        for case in spec["cases"]:
+            current = f"{case['arch']}: from_pretrained"
+            rank.stage(current)
+            try:
+                results[case["arch"]] = _check(rank, spec, case, references[case["arch"]], ids)
+            except Exception as exc:  # recorded per architecture; the next one still runs
+                results[case["arch"]] = {"error": f"{type(exc).__name__}: {exc}", "stage": current}
+                results[case["arch"]]["traceback"] = traceback.format_exc()[-3000:]
+        rank.stage("done")
+        rank.write({"results": results})
+    except BaseException as exc:
+        rank.write({"results": results, "fatal": f"{type(exc).__name__}: {exc}", "stage": current})
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

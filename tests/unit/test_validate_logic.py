@@ -1,0 +1,135 @@
+"""The validation matrix and the judge, on synthetic rank results (the real runs are `tox -e multigpu`)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadpolicy.validate.matrix import SCENARIOS, Launcher, Run, Scenario, Tree, fast_matrix, full_matrix
+from loadpolicy.validate.report import is_unexpected, render_table, rows
+from loadpolicy.validate.runner import RunOutcome, _accelerate_config, _judge
+
+
+def test_fast_matrix_covers_every_scenario_on_both_trees_at_two_ranks() -> None:
+    runs = fast_matrix()
+    assert {(r.scenario, r.tree) for r in runs} == {(s, t) for s in Scenario for t in Tree}
+    assert all(r.ranks == 2 for r in runs)
+    assert any(r.launcher is Launcher.ACCELERATE and r.scenario is Scenario.EP_ZERO3 for r in runs)
+
+
+def test_full_matrix_has_two_and_four_ranks_and_accelerate_for_every_zero3_scenario() -> None:
+    runs = full_matrix()
+    for scenario, spec in SCENARIOS.items():
+        for tree in Tree:
+            assert {
+                r.ranks for r in runs if (r.scenario, r.tree, r.launcher) == (scenario, tree, Launcher.TORCHRUN)
+            } == {2, 4}
+            has_accelerate = any(
+                (r.scenario, r.tree, r.launcher) == (scenario, tree, Launcher.ACCELERATE) for r in runs
+            )
+            assert has_accelerate == spec.zero3
+
+
+def good_ep_result(rank: int) -> dict[str, Any]:
+    return {
+        "policy": "EPMeta",
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "mismatched_keys": [],
+        "on_meta": [],
+        "partitioned": 0,
+        "parameters": 10,
+        "experts": {"model.layers.0.mlp.experts.gate_up_proj": [[2, 16, 16], [4, 16, 16], True]},
+        "max_abs_diff": 3e-8,
+    }
+
+
+EP_RUN = Run(Scenario.EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+
+
+def ranks_with(change: dict[str, Any] | None = None, rank: int = 1) -> list[dict[str, Any] | None]:
+    results: list[dict[str, Any] | None] = [{"results": {"qwen3_moe": good_ep_result(r)}} for r in range(2)]
+    if change is not None:
+        target = results[rank]
+        assert target is not None
+        target["results"]["qwen3_moe"].update(copy.deepcopy(change))
+    return results
+
+
+def test_judge_passes_a_correct_ep_load() -> None:
+    outcome = _judge(EP_RUN, "qwen3_moe", ranks_with())
+    assert outcome.passed, outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"policy": "MetaShardOnRead"}, "ranks chose different policies"),
+        ({"on_meta": ["model.rotary_emb.inv_freq"]}, "left on meta"),
+        ({"missing_keys": ["lm_head.weight"]}, "missing_keys"),
+        ({"experts": {"e": [[4, 16, 16], [4, 16, 16], True]}}, "local shape"),
+        ({"experts": {"e": [[2, 16, 16], [4, 16, 16], False]}}, "not this rank's slice"),
+        ({"experts": {}}, "no expert parameters"),
+        ({"max_abs_diff": 1e-3}, "logits differ"),
+        ({"error": "ValueError: boom"}, "rank 1: ValueError: boom"),
+    ],
+)
+def test_judge_fails_and_says_which_rank_and_why(change: dict[str, Any], needle: str) -> None:
+    outcome = _judge(EP_RUN, "qwen3_moe", ranks_with(change))
+    assert not outcome.passed
+    assert needle in outcome.detail
+
+
+def test_a_rank_without_result_fails() -> None:
+    results = ranks_with()
+    results[1] = None
+    outcome = _judge(EP_RUN, "qwen3_moe", results)
+    assert not outcome.passed
+    assert "rank 1: no result" in outcome.detail
+
+
+def test_refusal_must_reach_every_rank() -> None:
+    run = Run(Scenario.REFUSED_ZERO3_FSDP, Tree.PATCHED, Launcher.TORCHRUN, 2)
+    refusal = SCENARIOS[Scenario.REFUSED_ZERO3_FSDP].refusal
+    assert refusal is not None
+    both = [{"results": {"qwen3_moe": {"error": f"ValueError: x {refusal}2"}}} for _ in range(2)]
+    assert _judge(run, "qwen3_moe", list(both)).passed
+    one = [both[0], {"results": {"qwen3_moe": {"error": "RuntimeError: something else"}}}]
+    outcome = _judge(run, "qwen3_moe", list(one))
+    assert not outcome.passed
+    assert "ranks [1]" in outcome.detail
+
+
+def test_stock_expected_failure_and_unexpected_pass() -> None:
+    stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
+    failing = _judge(stock, "qwen3_moe", ranks_with({"error": "ValueError: device_map"}, rank=0))
+    assert RunOutcome(stock, 1.0, (failing,)).met_expectation
+    # A stock load that passes every check where stock must fail is reported (the matrix would be wrong).
+    clean: list[dict[str, Any] | None] = [
+        {"results": {"qwen3_moe": good_ep_result(r) | {"policy": None}}} for r in range(2)
+    ]
+    passing = _judge(stock, "qwen3_moe", clean)
+    assert passing.passed
+    assert is_unexpected(RunOutcome(stock, 1.0, (passing,)))
+
+
+def test_table_puts_stock_and_patched_side_by_side() -> None:
+    stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
+    outcomes = [
+        RunOutcome(stock, 2.0, (_judge(stock, "qwen3_moe", ranks_with({"error": "ValueError: device_map"})),)),
+        RunOutcome(EP_RUN, 3.0, (_judge(EP_RUN, "qwen3_moe", ranks_with()),)),
+    ]
+    (row,) = rows(outcomes)
+    assert row["stock"] == "FAIL"
+    assert row["patched"] == "pass"
+    assert "EP under ZeRO-3" in render_table(outcomes)
+
+
+def test_accelerate_config_is_deepspeed_zero3(tmp_path: Path) -> None:
+    text = _accelerate_config(tmp_path / "a.yaml", 4, 29500).read_text(encoding="utf-8")
+    assert "distributed_type: DEEPSPEED" in text
+    assert "zero_stage: 3" in text
+    assert "num_processes: 4" in text
