@@ -97,13 +97,18 @@ class Run:
         return f"{self.scenario} | {self.launcher} x{self.ranks} | {self.tree}"
 
 
+EP_UNDER_ZERO3 = (Scenario.EP_ZERO3, Scenario.COMPOSITE_EP_ZERO3)
+
+
 def full_matrix() -> list[Run]:
+    """torchrun at 2 and 4 ranks everywhere; accelerate launch for every ZeRO-3 scenario, at 4 ranks too for EP."""
     runs: list[Run] = []
     for scenario, spec in SCENARIOS.items():
         for tree in Tree:
             runs.extend(Run(scenario, tree, Launcher.TORCHRUN, ranks) for ranks in (2, 4))
             if spec.zero3:
-                runs.append(Run(scenario, tree, Launcher.ACCELERATE, 2))
+                accelerate_ranks = (2, 4) if scenario in EP_UNDER_ZERO3 else (2,)
+                runs.extend(Run(scenario, tree, Launcher.ACCELERATE, ranks) for ranks in accelerate_ranks)
     return runs
 
 

@@ -125,6 +125,10 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
     ranks = [_read_rank(out, rank) for rank in range(run.ranks)]
     if launch_error is None and any(r is None for r in ranks):
         launch_error = f"launcher exited {proc.returncode}; a rank wrote no result; " + _stages(out, run.ranks)
+    tree_src = trees[run.tree].resolve() / "src"
+    imported = {r.get("transformers_file") for r in ranks if r is not None}
+    if launch_error is None and not all(f is not None and Path(f).is_relative_to(tree_src) for f in imported):
+        launch_error = f"ranks imported transformers from {sorted(map(str, imported))}, not from {tree_src}"
     archs = tuple(_judge(run, arch, ranks) for arch in spec.archs)
     return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
 

@@ -18,7 +18,7 @@ from loadpolicy.validate.runner import RunOutcome, launch
 
 def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
     """The patched checkout and a worktree of its pristine commit, side by side under `out/trees`."""
-    trees = out / "trees"
+    trees = out.resolve() / "trees"
     shutil.rmtree(trees, ignore_errors=True)
     trees.mkdir(parents=True)
     patched = trees / "patched"
@@ -33,12 +33,27 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
     return {Tree.STOCK: pristine, Tree.PATCHED: patched}
 
 
+def _visible_gpus() -> int:
+    import torch
+
+    count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count
+
+
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
     trees = prepare_trees(out, patches, cache)
     checkpoints = out / "checkpoints"
     for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
         build_checkpoint(arch, checkpoints)
     runs = fast_matrix() if fast else full_matrix()
+    gpus = _visible_gpus()
+    if gpus >= 2:
+        # One process per GPU: transformers and DeepSpeed then pick CUDA and nccl by themselves.
+        skipped = [run for run in runs if run.ranks > gpus]
+        runs = [run for run in runs if run.ranks <= gpus]
+        print(f"backend: nccl, {gpus} GPUs visible; skipping {len(skipped)} runs that need more ranks than GPUs")
+    else:
+        print("backend: gloo on CPU (fewer than 2 GPUs visible)")
     outcomes: list[RunOutcome] = []
     started = time.monotonic()
     for index, run in enumerate(runs, start=1):

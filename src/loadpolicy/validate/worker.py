@@ -81,25 +81,28 @@ def _check(
         "parameters": sum(1 for _ in model.named_parameters()),
     }
     params = reference["params"]
+    # On GPUs (nccl) the model sits on this rank's device; the reference stays on the CPU.
+    device = next(model.parameters()).device
+    ids = ids.to(device)
     if result["partitioned"]:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            unequal = [n for n, p in model.named_parameters() if not torch.equal(p.data, params[n])]
+            unequal = [n for n, p in model.named_parameters() if not torch.equal(p.data.cpu(), params[n])]
             with torch.no_grad():
-                logits = model(input_ids=ids).logits
+                logits = model(input_ids=ids).logits.cpu()
         result["gathered_unequal"] = unequal
     else:
         experts = {}
         for name, param in model.named_parameters():
             if ".experts." in name and spec["distributed"] is not None:
-                full, shard = params[name], _local(param.data)
+                full, shard = params[name], _local(param.data).cpu()
                 n = full.shape[0] // rank.world_size
                 expected = full[rank.rank * n : (rank.rank + 1) * n]
                 experts[name] = [list(shard.shape), list(full.shape), bool(torch.equal(shard, expected))]
         result["experts"] = experts
         with torch.no_grad():
-            logits = _local(model(input_ids=ids).logits)
+            logits = _local(model(input_ids=ids).logits).cpu()
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
     return result
 
@@ -109,11 +112,15 @@ def main(spec_path: str, out_dir: str) -> None:
     rank = Rank(out)
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     results: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
     current = "import"
     try:
         rank.stage(current)
         import torch
+        import transformers
 
+        # The runner checks this: a stale install must not stand in for the tree under test.
+        meta["transformers_file"] = transformers.__file__
         torch.manual_seed(0)
         ids = torch.arange(12).reshape(2, 6) % 64
         references = {}
@@ -134,9 +141,9 @@ def main(spec_path: str, out_dir: str) -> None:
                 results[case["arch"]] = {"error": f"{type(exc).__name__}: {exc}", "stage": current}
                 results[case["arch"]]["traceback"] = traceback.format_exc()[-3000:]
         rank.stage("done")
-        rank.write({"results": results})
+        rank.write({"results": results} | meta)
     except BaseException as exc:
-        rank.write({"results": results, "fatal": f"{type(exc).__name__}: {exc}", "stage": current})
+        rank.write({"results": results, "fatal": f"{type(exc).__name__}: {exc}", "stage": current} | meta)
         raise
 
 
