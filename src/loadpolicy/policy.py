@@ -39,8 +39,10 @@ __all__ = [
     "PolicyName",
     "WeightInit",
     "Zero3Init",
+    "check_ranks_agree",
     "decision_table",
     "explain_selection",
+    "inputs_as_dict",
     "parse_policy_name",
     "select_load_policy",
 ]
@@ -308,6 +310,44 @@ def _refuse_impossible(inputs: LoadInputs) -> None:
             f"Tensor parallelism without expert parallelism (tp_size={sizes.tp}, ep_size={sizes.ep}) is not "
             "supported under ZeRO-3. Accepted under ZeRO-3: tp_size=1, or ep_size > 1 for an MoE model."
         )
+
+
+def inputs_as_dict(inputs: LoadInputs) -> dict[str, object]:
+    """The selection inputs as plain JSON values, for comparing them across ranks."""
+    sizes = inputs.sizes
+    return {
+        "zero3_enabled": inputs.zero3_enabled,
+        "quantized": inputs.quantized,
+        "outer_zero3_init": inputs.outer_zero3_init,
+        "tp_size": sizes.tp,
+        "ep_size": sizes.ep,
+        "fsdp_size": sizes.fsdp,
+        "pp_size": sizes.pp,
+        "dp_replicate_size": sizes.dp_replicate,
+        "requested": None if inputs.requested is None else inputs.requested.value,
+    }
+
+
+def check_ranks_agree(per_rank: list[dict[str, object]]) -> None:
+    """Raise `LoadPolicyError` naming each input that differs between ranks, with every rank's value.
+
+    Ranks that select from different inputs load differently (one builds under zero.Init, another on meta) and then
+    wait for each other in collectives that never match. A typical cause: `Accelerator()`, `TrainingArguments` or
+    `HfDeepSpeedConfig` created after `from_pretrained` on some ranks, so only the others see the ZeRO-3 config.
+    """
+    keys = sorted({key for values in per_rank for key in values})
+    differing = [key for key in keys if len({repr(values.get(key)) for values in per_rank}) > 1]
+    if not differing:
+        return
+    details = "; ".join(
+        f"{key}: " + ", ".join(f"rank {rank}={values.get(key)!r}" for rank, values in enumerate(per_rank))
+        for key in differing
+    )
+    raise LoadPolicyError(
+        f"Ranks disagree on how to load ({details}). Every rank must see the same DeepSpeed and distributed "
+        "configuration before `from_pretrained`: create the `Accelerator`, `TrainingArguments` or `HfDeepSpeedConfig` "
+        "on every rank first, and pass the same `distributed_config` everywhere."
+    )
 
 
 def decision_table(policy: LoadPolicy) -> dict[str, enum.Enum | bool]:

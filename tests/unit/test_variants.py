@@ -22,7 +22,9 @@ from loadpolicy.policy import (
     PolicyName,
     WeightInit,
     Zero3Init,
+    check_ranks_agree,
     decision_table,
+    inputs_as_dict,
     parse_policy_name,
     select_load_policy,
 )
@@ -158,3 +160,19 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
 @given(inputs)
 def test_selection_is_deterministic(load_inputs: LoadInputs) -> None:
     assert _outcome(load_inputs) == _outcome(load_inputs)
+
+
+def test_ranks_that_agree_pass() -> None:
+    inputs = LoadInputs(zero3_enabled=True, sizes=ParallelSizes(tp=2, ep=2))
+    check_ranks_agree([inputs_as_dict(inputs)] * 4)
+
+
+def test_rank_disagreement_names_the_ranks_and_inputs() -> None:
+    seen = LoadInputs(zero3_enabled=True, sizes=ParallelSizes(tp=2, ep=2))
+    late = LoadInputs(zero3_enabled=False, sizes=ParallelSizes(tp=2, ep=2))
+    with pytest.raises(LoadPolicyError) as excinfo:
+        check_ranks_agree([inputs_as_dict(seen), inputs_as_dict(late), inputs_as_dict(seen)])
+    message = str(excinfo.value)
+    assert "zero3_enabled: rank 0=True, rank 1=False, rank 2=True" in message
+    assert "ep_size" not in message
+    assert "Accelerator" in message
