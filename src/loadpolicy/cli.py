@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadpolicy import doctor
 from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
@@ -88,10 +91,37 @@ def _run_explain(args: argparse.Namespace) -> str:
     return explanation.to_json() if args.json else explanation.to_text()
 
 
+def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="check a DeepSpeed config for known ZeRO-3 failures", description=doctor.__doc__
+    )
+    parser.add_argument("--deepspeed-config", type=Path, required=True, metavar="JSON")
+    parser.add_argument("--deepspeed-version", help="the DeepSpeed that will run it (default: the installed one)")
+    parser.set_defaults(handler=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> str:
+    stage = read_zero_stage(args.deepspeed_config)
+    config = json.loads(args.deepspeed_config.read_text(encoding="utf-8"))
+    version = args.deepspeed_version
+    if version is None:
+        try:
+            version = importlib.metadata.version("deepspeed")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+    findings = doctor.check_deepspeed_config(config, version)
+    lines = [f"ZeRO stage {stage}, DeepSpeed {version or '(not installed)'}"]
+    lines += [f"{f.severity}: [{f.check}] {f.message}" for f in findings]
+    if any(f.severity is doctor.Severity.ERROR for f in findings):
+        raise LoadPolicyError("\n".join(lines))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadpolicy", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_explain(subparsers)
+    _add_doctor(subparsers)
     upstream_commands.add_parsers(subparsers)
     validate_command.add_parser(subparsers)
     return parser

@@ -1,0 +1,96 @@
+"""`loadpolicy doctor`: known DeepSpeed ZeRO-3 failures a config (and the installed DeepSpeed) walks into.
+
+- Offload devices that disagree, under ZeRO-3: with DeepSpeed 0.14.1 to 0.14.4 `unscale_and_clip_grads` fails with
+  "Expected all tensors to be on the same device" (DeepSpeed #5422, #5538; introduced by #5256 in 0.14.1, fixed by
+  #5493 in 0.14.3 and #5504 in 0.14.5). Seeds: zero3-offload-device-mismatch-qwen, zero3-device-consistency-axolotl.
+- Parameters replaced after `deepspeed.initialize` (accelerate `dispatch_model`, a device move): the engine keys
+  frozen parameter names by object, so `save_checkpoint` fails with "failed to find frozen param in named params"
+  (DeepSpeed #6620, still keyed by object). Seed: deepspeed-frozen-param-names-after-dispatch. A config cannot show
+  this; the finding says what to keep final before wrapping.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from loadpolicy.policy import LoadPolicyError
+
+
+OFFLOAD_FIX = (0, 14, 5)
+OFFLOAD_BUG_INTRODUCED = (0, 14, 1)
+
+
+class Severity(enum.StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    severity: Severity
+    check: str
+    message: str
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if match is None:
+        raise LoadPolicyError(f"Cannot read DeepSpeed version {text!r}; expected MAJOR.MINOR[.PATCH], e.g. 0.19.8.")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _offload_device(zero: dict[str, object], key: str) -> str:
+    section = zero.get(key)
+    if not isinstance(section, dict):
+        return "none"
+    return str(section.get("device", "none")).lower()
+
+
+def _offload_findings(zero: dict[str, object], deepspeed_version: str | None) -> list[Finding]:
+    optimizer, param = _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param")
+    version = None if deepspeed_version is None else parse_version(deepspeed_version)
+    affected = version is not None and OFFLOAD_BUG_INTRODUCED <= version < OFFLOAD_FIX
+    findings = []
+    if affected and optimizer != "none":
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "deepspeed-version",
+                f"DeepSpeed {deepspeed_version} with ZeRO-3 and offload_optimizer.device={optimizer!r} fails in "
+                "unscale_and_clip_grads with 'Expected all tensors to be on the same device' (DeepSpeed #5422, "
+                "#5538; broken in 0.14.1 by #5256, fixed in 0.14.3 by #5493 and 0.14.5 by #5504). Accepted: "
+                "deepspeed >= 0.14.5, or offload_optimizer.device='none'.",
+            )
+        )
+    if optimizer != param:
+        findings.append(
+            Finding(
+                Severity.WARNING,
+                "offload-devices",
+                f"offload_optimizer.device={optimizer!r} but offload_param.device={param!r}: optimizer state and "
+                "parameters live on different devices. DeepSpeed 0.14.1-0.14.4 mixed them up in "
+                "unscale_and_clip_grads; set both alike unless this split is what you want.",
+            )
+        )
+    return findings
+
+
+def check_deepspeed_config(config: dict[str, object], deepspeed_version: str | None) -> list[Finding]:
+    """Findings for a parsed DeepSpeed config and the DeepSpeed version that will run it (None: not installed)."""
+    zero = config.get("zero_optimization", {})
+    zero = zero if isinstance(zero, dict) else {}
+    findings = _offload_findings(zero, deepspeed_version) if zero.get("stage") == 3 else []
+    findings.append(
+        Finding(
+            Severity.NOTE,
+            "placement-before-initialize",
+            "Make every placement final before deepspeed.initialize: no accelerate dispatch_model, no .to(device) "
+            "and no replaced Parameter objects afterwards, or save_checkpoint fails with 'failed to find frozen "
+            "param in named params' for frozen parameters (DeepSpeed #6620).",
+        )
+    )
+    return findings

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadpolicy.cli import main
+from loadpolicy.doctor import Severity, check_deepspeed_config, parse_version
+from loadpolicy.policy import LoadPolicyError
+
+
+def zero3(optimizer: str | None = None, param: str | None = None) -> dict[str, object]:
+    zero: dict[str, object] = {"stage": 3}
+    if optimizer is not None:
+        zero["offload_optimizer"] = {"device": optimizer}
+    if param is not None:
+        zero["offload_param"] = {"device": param}
+    return {"zero_optimization": zero}
+
+
+def checks(config: dict[str, object], version: str | None) -> dict[str, Severity]:
+    return {f.check: f.severity for f in check_deepspeed_config(config, version)}
+
+
+def test_qwen_seed_config_on_an_affected_deepspeed_is_an_error() -> None:
+    # zero3-offload-device-mismatch-qwen: both offloaded to CPU, DeepSpeed in the broken range.
+    assert checks(zero3("cpu", "cpu"), "0.14.2")["deepspeed-version"] is Severity.ERROR
+
+
+@pytest.mark.parametrize("version", ["0.14.0", "0.14.5", "0.19.8", None])
+def test_fixed_or_older_deepspeed_is_not_flagged(version: str | None) -> None:
+    assert "deepspeed-version" not in checks(zero3("cpu", "cpu"), version)
+
+
+def test_disagreeing_offload_devices_warn() -> None:
+    found = checks(zero3("cpu", None), "0.19.8")
+    assert found["offload-devices"] is Severity.WARNING
+    assert "offload-devices" not in checks(zero3("cpu", "cpu"), "0.19.8")
+
+
+def test_not_zero3_has_only_the_placement_note() -> None:
+    assert checks({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "0.14.2") == {
+        "placement-before-initialize": Severity.NOTE
+    }
+
+
+def test_bad_version_names_the_value() -> None:
+    with pytest.raises(LoadPolicyError, match="Cannot read DeepSpeed version 'latest'"):
+        parse_version("latest")
+
+
+def test_cli_exits_non_zero_on_an_error_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(zero3("cpu", "cpu")), encoding="utf-8")
+    assert main(["doctor", "--deepspeed-config", str(path), "--deepspeed-version", "0.14.2"]) == 2
+    assert "error: [deepspeed-version]" in capsys.readouterr().err
+    assert main(["doctor", "--deepspeed-config", str(path), "--deepspeed-version", "0.19.8"]) == 0
+    assert "note: [placement-before-initialize]" in capsys.readouterr().out
