@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from loadpolicy.validate.matrix import Tree
+from loadpolicy.validate.parity import ParityOutcome
 from loadpolicy.validate.runner import RunOutcome
 
 
@@ -48,7 +50,18 @@ def render_table(outcomes: list[RunOutcome]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(outcomes: list[RunOutcome], command: str) -> str:
+def render_parity(parities: Sequence[ParityOutcome]) -> str:
+    header = f"{'training parity (patched)':<28} {'arch':<12} {'ranks':>5} {'clip':>5}  {'result':<6} detail"
+    lines = [header, "-" * len(header)]
+    lines += [
+        f"{'EP under ZeRO-3, 5 steps':<28} {p.arch:<12} {p.ranks:>5} {p.clip:>5}  {'pass' if p.passed else 'FAIL':<6} "
+        f"{p.detail} ({p.seconds:.1f}s)"
+        for p in parities
+    ]
+    return "\n".join(lines)
+
+
+def render_markdown(outcomes: list[RunOutcome], command: str, parities: Sequence[ParityOutcome] = ()) -> str:
     lines = [
         "# Validation report",
         "",
@@ -64,6 +77,17 @@ def render_markdown(outcomes: list[RunOutcome], command: str) -> str:
             f"| {row['scenario']} | {row['arch']} | {row['launcher']} | {row['ranks']} | {stock[:160]} | "
             f"{patched[:160]} | {row.get('patched_seconds', '-')}s |"
         )
+    lines += [
+        "",
+        "## Training parity: EP under ZeRO-3 against one process (5 AdamW steps, patched tree)",
+        "",
+        "| arch | ranks | gradient clipping | result | max relative diff (losses, final weights) | time |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p.arch} | {p.ranks} | {p.clip} | {'pass' if p.passed else 'FAIL'} | {p.detail} | {p.seconds:.1f}s |"
+        for p in parities
+    ]
     failed = [o for o in outcomes if not o.met_expectation]
     lines += ["", f"{len(outcomes)} runs, {len(failed)} not as expected."]
     lines += [
@@ -72,8 +96,8 @@ def render_markdown(outcomes: list[RunOutcome], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(outcomes: list[RunOutcome], path: Path) -> None:
-    payload = [
+def write_json(outcomes: list[RunOutcome], path: Path, parities: Sequence[ParityOutcome] = ()) -> None:
+    loads = [
         {
             "scenario": str(o.run.scenario),
             "tree": str(o.run.tree),
@@ -86,6 +110,7 @@ def write_json(outcomes: list[RunOutcome], path: Path) -> None:
         }
         for o in outcomes
     ]
+    payload = {"loads": loads, "training_parity": [asdict(p) for p in parities]}
     path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
 

@@ -103,34 +103,45 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
     else:
         config = _accelerate_config(out / "accelerate.yaml", run.ranks, port)
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(trees[run.tree] / "src"), str(OUR_SRC)]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
     start = time.monotonic()
-    log = (out / "launcher.log").open("w", encoding="utf-8")
-    with log, subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True) as proc:
-        try:
-            proc.wait(timeout=timeout)
-            launch_error = None
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-            proc.wait()
-            launch_error = f"timed out after {timeout:.0f}s; " + _stages(out, run.ranks)
+    returncode = run_bounded(command, tree_env(trees[run.tree]), out / "launcher.log", timeout)
     seconds = time.monotonic() - start
+    launch_error = None if returncode is not None else f"timed out after {timeout:.0f}s; " + _stages(out, run.ranks)
     ranks = [_read_rank(out, rank) for rank in range(run.ranks)]
     if launch_error is None and any(r is None for r in ranks):
-        launch_error = f"launcher exited {proc.returncode}; a rank wrote no result; " + _stages(out, run.ranks)
+        launch_error = f"launcher exited {returncode}; a rank wrote no result; " + _stages(out, run.ranks)
     tree_src = trees[run.tree].resolve() / "src"
     imported = {r.get("transformers_file") for r in ranks if r is not None}
     if launch_error is None and not all(f is not None and Path(f).is_relative_to(tree_src) for f in imported):
         launch_error = f"ranks imported transformers from {sorted(map(str, imported))}, not from {tree_src}"
     archs = tuple(_judge(run, arch, ranks) for arch in spec.archs)
     return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a launch on `tree`: its `src` first on PYTHONPATH, then our package, offline."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(OUR_SRC)]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
+    """Run `command` in its own session; on timeout kill the whole group (launcher and ranks) and return None."""
+    with (
+        log.open("w", encoding="utf-8") as handle,
+        subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True) as proc,
+    ):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 def _stages(out: Path, ranks: int) -> str:

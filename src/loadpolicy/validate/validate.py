@@ -12,7 +12,8 @@ from pathlib import Path
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.validate.checkpoints import build_checkpoint
 from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
-from loadpolicy.validate.report import is_unexpected, render_markdown, render_table, write_json
+from loadpolicy.validate.parity import run_parity
+from loadpolicy.validate.report import is_unexpected, render_markdown, render_parity, render_table, write_json
 from loadpolicy.validate.runner import RunOutcome, launch
 
 
@@ -31,6 +32,18 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
         capture_output=True,
     )
     return {Tree.STOCK: pristine, Tree.PATCHED: patched}
+
+
+# Training parity (EP under ZeRO-3 vs one process, 5 AdamW steps): (architecture, ranks, gradient clipping)
+PARITY_FAST = (("qwen3_moe", 2, 1.0),)
+PARITY_FULL = (
+    ("qwen3_moe", 2, 0.0),
+    ("qwen3_moe", 2, 1.0),
+    ("mixtral", 2, 0.0),
+    ("mixtral", 2, 1.0),
+    ("qwen3_moe", 4, 1.0),
+    ("mixtral", 4, 1.0),
+)
 
 
 def _visible_gpus() -> int:
@@ -66,11 +79,25 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
             f"({outcome.seconds:.1f}s){' ' + outcome.launch_error if outcome.launch_error else ''}",
             flush=True,
         )
+    parities = []
+    cases = PARITY_FAST if fast else PARITY_FULL
+    for index, (arch, ranks, clip) in enumerate(cases, start=1):
+        parity = run_parity(
+            arch, ranks, clip, trees[Tree.PATCHED], checkpoints, out / "parity" / f"{index:03d}", timeout
+        )
+        parities.append(parity)
+        mark = "ok " if parity.passed else "!! "
+        print(
+            f"{mark}[{index}/{len(cases)}] {parity.label} | patched: {parity.detail} ({parity.seconds:.1f}s)",
+            flush=True,
+        )
     print(render_table(outcomes))
-    write_json(outcomes, out / "report.json")
-    (out / "report.md").write_text(render_markdown(outcomes, command), encoding="utf-8")
-    unexpected = [o for o in outcomes if is_unexpected(o)]
-    print(f"\n{len(runs)} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
+    print(render_parity(parities))
+    write_json(outcomes, out / "report.json", parities)
+    (out / "report.md").write_text(render_markdown(outcomes, command, parities), encoding="utf-8")
+    unexpected = [o for o in outcomes if is_unexpected(o)] + [p for p in parities if not p.passed]
+    total = len(runs) + len(cases)
+    print(f"\n{total} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
     return 1 if unexpected else 0
 
