@@ -55,7 +55,7 @@ def _visible_gpus() -> int:
 
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
     trees = prepare_trees(out, patches, cache)
-    checkpoints = out / "checkpoints"
+    checkpoints = out.resolve() / "checkpoints"
     for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
         build_checkpoint(arch, checkpoints)
     runs = fast_matrix() if fast else full_matrix()
