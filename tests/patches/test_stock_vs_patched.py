@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from loadpolicy.upstream.checkout import checkout, pristine_tag
-from loadpolicy.upstream.pin import read_pin
+from loadpolicy.validate.matrix import Tree
+from loadpolicy.validate.validate import prepare_trees
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +35,9 @@ def _load_tree_tests(tree: Path) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    patched = tmp_path_factory.mktemp("trees") / "patched"
-    checkout(patched, PATCHES, CACHE)
-    pristine = patched.parent / "pristine"
-    tag = pristine_tag(read_pin(PATCHES / "UPSTREAM"))
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(pristine), tag], cwd=patched, check=True, capture_output=True
-    )
-    return pristine, patched
+    """The same stock and patched trees `loadpolicy validate` builds."""
+    built = prepare_trees(tmp_path_factory.mktemp("validate"), PATCHES, CACHE)
+    return built[Tree.STOCK], built[Tree.PATCHED]
 
 
 def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, Path], tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from loadpolicy.validate.matrix import Launcher, Run, Tree, distributed_sizes
 from loadpolicy.validate.models import ARCHITECTURES
 
 
-ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 1}
+# train_batch_size is set per launch (ranks x micro batch)
+ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
 MAX_ABS_DIFF = 1e-5
 OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
 

@@ -33,7 +33,7 @@ class Rank:
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result), encoding="utf-8")
 
 
-def _reference(spec: dict[str, Any], case: dict[str, Any], ids: Any) -> dict[str, Any]:
+def _reference(case: dict[str, Any], ids: Any) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -127,7 +127,7 @@ def main(spec_path: str, out_dir: str) -> None:
         for case in spec["cases"]:
             current = f"{case['arch']}: reference load"
             rank.stage(current)
-            references[case["arch"]] = _reference(spec, case, ids)
+            references[case["arch"]] = _reference(case, ids)
         if spec["zero3"]:
             current = "enable ZeRO-3"
             rank.stage(current)
