@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 
 from loadpolicy.policy import (
+    AfterLoading,
+    DenseWeights,
     DeviceMapRule,
     InitContext,
     LoadingBranch,
@@ -36,6 +38,10 @@ _MEANING: dict[enum.Enum | bool, str] = {
     MissingKeys.MATERIALISE: "move non-persistent buffers and missing keys off the meta device",
     WeightInit.GATHERED: "initialise missing weights inside GatheredParameters (modifier rank 0)",
     WeightInit.PLAIN: "initialise missing weights on the local tensors",
+    DenseWeights.AS_PLANNED: "dense weights are sharded at load time as the TP plan says (whole without a rule)",
+    DenseWeights.LEFT_TO_ZERO3: "dense weights are read whole; ZeRO-3 partitions them when DeepSpeed wraps the model",
+    AfterLoading.AS_LOADED: "return the model as loaded",
+    AfterLoading.DEEPSPEED_EXPERT_GROUPS: "expert shards become plain parameters in DeepSpeed's expert groups",
 }
 
 

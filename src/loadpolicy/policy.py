@@ -13,6 +13,8 @@ value:
 | 3  loading branch               | ZeRO-3 gather-and-copy| shard on read                 | shard on read    |
 | 4  buffers and missing keys     | leave to ZeRO-3       | materialise                   | materialise      |
 | 5  weight initialisation        | gathered              | plain                         | plain            |
+| 6  dense weights                | (no TP under ZeRO-3)  | as the TP plan says           | left to ZeRO-3   |
+| 7  after loading                | as loaded             | as loaded                     | expert groups    |
 
 This module is the single source of truth for that table. transformers carries a generated copy of it, so it imports
 only the standard library and runs on transformers' minimum Python.
@@ -26,6 +28,8 @@ from typing import ClassVar, assert_never
 
 
 __all__ = [
+    "AfterLoading",
+    "DenseWeights",
     "DeviceMapRule",
     "EPMeta",
     "InitContext",
@@ -118,6 +122,24 @@ class WeightInit(enum.Enum):
     PLAIN = "plain"
 
 
+class DenseWeights(enum.Enum):
+    """Gate 6: who shards the dense (non-expert) weights of a model loaded with a `DistributedConfig`."""
+
+    # the TP plan, at load time (dense weights stay whole where it has no rule)
+    AS_PLANNED = "as_planned"
+    # nobody at load time: every rank reads them whole and ZeRO-3 partitions them when DeepSpeed wraps the model
+    LEFT_TO_ZERO3 = "left_to_zero3"
+
+
+class AfterLoading(enum.Enum):
+    """Gate 7: what `from_pretrained` hands over once the weights are in."""
+
+    # the model as loaded
+    AS_LOADED = "as_loaded"
+    # expert shards as plain local parameters in DeepSpeed's expert groups, DeepSpeed owning data parallelism
+    DEEPSPEED_EXPERT_GROUPS = "deepspeed_expert_groups"
+
+
 @dataclass(frozen=True, slots=True)
 class Zero3Init:
     """Dense ZeRO-3: build under `deepspeed.zero.Init`, copy the checkpoint in with gathered parameters."""
@@ -131,6 +153,8 @@ class Zero3Init:
     loading_branch: ClassVar[LoadingBranch] = LoadingBranch.ZERO3_GATHER_AND_COPY
     missing_keys: ClassVar[MissingKeys] = MissingKeys.LEAVE_TO_ZERO3
     weight_init: ClassVar[WeightInit] = WeightInit.GATHERED
+    dense_weights: ClassVar[DenseWeights] = DenseWeights.AS_PLANNED  # tp_size > 1 without EP is refused under ZeRO-3
+    after_loading: ClassVar[AfterLoading] = AfterLoading.AS_LOADED
 
     @property
     def init_context(self) -> InitContext:
@@ -149,6 +173,8 @@ class MetaShardOnRead:
     loading_branch: ClassVar[LoadingBranch] = LoadingBranch.SHARD_ON_READ
     missing_keys: ClassVar[MissingKeys] = MissingKeys.MATERIALISE
     weight_init: ClassVar[WeightInit] = WeightInit.PLAIN
+    dense_weights: ClassVar[DenseWeights] = DenseWeights.AS_PLANNED
+    after_loading: ClassVar[AfterLoading] = AfterLoading.AS_LOADED
 
     @property
     def init_context(self) -> InitContext:
@@ -173,6 +199,10 @@ class EPMeta:
     loading_branch: ClassVar[LoadingBranch] = LoadingBranch.SHARD_ON_READ
     missing_keys: ClassVar[MissingKeys] = MissingKeys.MATERIALISE
     weight_init: ClassVar[WeightInit] = WeightInit.PLAIN
+    # TP-sharded dense weights would be DTensors DeepSpeed cannot wrap, and ZeRO-3 partitions them anyway.
+    dense_weights: ClassVar[DenseWeights] = DenseWeights.LEFT_TO_ZERO3
+    # DeepSpeed must neither broadcast the expert shards from rank 0 nor partition them across EP ranks.
+    after_loading: ClassVar[AfterLoading] = AfterLoading.DEEPSPEED_EXPERT_GROUPS
 
 
 LoadPolicy = Zero3Init | MetaShardOnRead | EPMeta
@@ -361,6 +391,8 @@ def decision_table(policy: LoadPolicy) -> dict[str, enum.Enum | bool]:
                 "loading_branch": policy.loading_branch,
                 "missing_keys": policy.missing_keys,
                 "weight_init": policy.weight_init,
+                "dense_weights": policy.dense_weights,
+                "after_loading": policy.after_loading,
             }
         case _:
             assert_never(policy)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from loadpolicy.policy import (
+    AfterLoading,
+    DenseWeights,
     DeviceMapRule,
     EPMeta,
     InitContext,
@@ -39,6 +41,10 @@ def decisions(
         "loading_branch": branch,
         "missing_keys": missing,
         "weight_init": weights,
+        # 6 and 7 are new: stock has no EP under ZeRO-3 to hand over, so it shards dense weights as the TP plan says
+        # and returns the model as loaded.
+        "dense_weights": DenseWeights.AS_PLANNED,
+        "after_loading": AfterLoading.AS_LOADED,
     }
 
 
@@ -66,7 +72,12 @@ ZERO3_OUTER = ZERO3 | {"init_context": InitContext.OUTER_ZERO3_INIT}
 # and every `and not is_quantized` sends the rest down the standard path.
 ZERO3_QUANTIZED = STANDARD | {"init_context": InitContext.META_QUANTIZED, "device_map": DeviceMapRule.REFUSE}
 # EP under ZeRO-3 (not stock: it fails at 136-137 today): the standard path, admitting the mesh-bound device_map.
-EP_ZERO3 = STANDARD | {"device_map": DeviceMapRule.ADMIT_MESH_BOUND}
+# Dense weights are left whole for ZeRO-3, and the expert shards handed to DeepSpeed's expert groups.
+EP_ZERO3 = STANDARD | {
+    "device_map": DeviceMapRule.ADMIT_MESH_BOUND,
+    "dense_weights": DenseWeights.LEFT_TO_ZERO3,
+    "after_loading": AfterLoading.DEEPSPEED_EXPERT_GROUPS,
+}
 
 SCENARIOS = [
     # (scenario, inputs, variant, decisions)

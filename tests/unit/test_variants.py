@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadpolicy.policy import (
+    AfterLoading,
+    DenseWeights,
     DeviceMapRule,
     EPMeta,
     InitContext,
@@ -70,6 +72,8 @@ def test_ep_meta_decisions() -> None:
     assert policy.loading_branch is LoadingBranch.SHARD_ON_READ
     assert policy.missing_keys is MissingKeys.MATERIALISE
     assert policy.weight_init is WeightInit.PLAIN
+    assert policy.dense_weights is DenseWeights.LEFT_TO_ZERO3
+    assert policy.after_loading is AfterLoading.DEEPSPEED_EXPERT_GROUPS
 
 
 @pytest.mark.parametrize(
@@ -135,6 +139,8 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
         "loading_branch",
         "missing_keys",
         "weight_init",
+        "dense_weights",
+        "after_loading",
     }
     assert load_inputs.requested in (None, policy.name)
     # zero.Init only with a ZeRO-3 config, never for a quantized model, never with EP (it would partition experts).
@@ -155,6 +161,9 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
     assert zero3_path == (policy.missing_keys is MissingKeys.LEAVE_TO_ZERO3)
     assert zero3_path == (policy.weight_init is WeightInit.GATHERED)
     assert zero3_path == (policy.init_context in (InitContext.ZERO3_INIT, InitContext.OUTER_ZERO3_INIT))
+    # Only EPMeta leaves dense weights to ZeRO-3 and hands expert shards to DeepSpeed, and it always does both.
+    handed = policy.after_loading is AfterLoading.DEEPSPEED_EXPERT_GROUPS
+    assert handed == isinstance(policy, EPMeta) == (policy.dense_weights is DenseWeights.LEFT_TO_ZERO3)
 
 
 @given(inputs)

@@ -1,7 +1,14 @@
-"""Training parity: K optimizer steps with EP under ZeRO-3 against the same steps in a single process."""
+"""Training parity: K optimizer steps with EP under ZeRO-3 against the same steps in a single process.
+
+Three ways users train after loading: `deepspeed.initialize` under torchrun (5 steps, optionally followed by
+`save_checkpoint` and a reload with frozen parameters), `accelerate launch` with a ZeRO-3 config and the
+transformers `Trainer` with a DeepSpeed config (3 steps each). Each runs on the patched tree, where it must match,
+and on the stock tree, where it must fail (the report shows how).
+"""
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -9,28 +16,61 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.validate.matrix import Launcher, Tree
 from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.runner import run_bounded, tree_env
+from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
 
 
 MAX_RELATIVE_DIFF = 1e-5
-STEPS = 5
+# Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
+FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
+
+
+class Trainer(enum.StrEnum):
+    """What trains the model after `from_pretrained`."""
+
+    DEEPSPEED = "deepspeed"  # deepspeed.initialize under torchrun
+    ACCELERATE = "accelerate"  # Accelerator().prepare under accelerate launch
+    HF_TRAINER = "trainer"  # transformers.Trainer(deepspeed=...) under torchrun
+
+    @property
+    def steps(self) -> int:
+        return 5 if self is Trainer.DEEPSPEED else 3
+
+    @property
+    def launcher(self) -> Launcher:
+        return Launcher.ACCELERATE if self is Trainer.ACCELERATE else Launcher.TORCHRUN
+
+
+@dataclass(frozen=True, slots=True)
+class ParityCase:
+    arch: str
+    ranks: int
+    trainer: Trainer
+    clip: float = 1.0
+    checkpoint: bool = False  # save_checkpoint and reload, with FROZEN parameters frozen
+    tree: Tree = Tree.PATCHED
+    # "adamw" (what users train with) or "sgd": Adam is nearly invariant to a gradient's scale, SGD is not, so only
+    # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
+    optimizer: str = "adamw"
+
+    @property
+    def label(self) -> str:
+        extra = " | frozen + save/reload" if self.checkpoint else ""
+        return (
+            f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
+            f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class ParityOutcome:
-    arch: str
-    ranks: int
-    clip: float
+    case: ParityCase
     seconds: float
-    passed: bool
+    passed: bool  # met the expectation: parity on the patched tree, a failure on the stock tree
     detail: str
     max_loss_rel: float | None = None
     max_weight_rel: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"training parity | {self.arch} | torchrun x{self.ranks} | clip {self.clip}"
 
 
 def _relative(a: Any, b: Any) -> float:
@@ -39,55 +79,81 @@ def _relative(a: Any, b: Any) -> float:
     return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
 
 
-def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int | None, timeout: float) -> str | None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.validate.parity_worker", str(out / "spec.json"), str(out)]
-    command = [sys.executable, *worker]
-    if ranks is not None:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", *worker]
+def _launch(spec: dict[str, Any], tree: Path, out: Path, command: list[str], ranks: int, timeout: float) -> str | None:
     if run_bounded(command, tree_env(tree), out / "launcher.log", timeout) is None:
-        stages = [(out / f"rank{r}.stage") for r in range(ranks or 1)]
-        where = [p.read_text(encoding="utf-8") if p.exists() else "no stage" for p in stages]
-        return f"timed out after {timeout:.0f}s; stages per rank: {where}"
+        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
     return None
 
 
-def run_parity(
-    arch: str, ranks: int, clip: float, tree: Path, checkpoints: Path, out: Path, timeout: float
-) -> ParityOutcome:
+def _load(path: Path) -> dict[str, Any]:
     import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
 
+    if not path.exists():
+        return {"error": f"{path.parent.name}/{path.name}: no result"}
+    result: dict[str, Any] = torch.load(path, weights_only=True)
+    return result
+
+
+def run_parity(
+    case: ParityCase, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float
+) -> ParityOutcome:
     spec = {
-        "model_class": ARCHITECTURES[arch].model_class,
-        "checkpoint": str(checkpoints / arch),
-        "steps": STEPS,
-        "lr": 1e-3,
-        "clip": clip,
+        "model_class": ARCHITECTURES[case.arch].model_class,
+        "checkpoint": str(checkpoints / case.arch),
+        "steps": case.trainer.steps,
+        "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
+        "optimizer": case.optimizer,
+        "clip": case.clip,
+        "frozen": list(FROZEN) if case.checkpoint else [],
+        "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
     }
     start = time.monotonic()
-    for mode, nproc in (("single", None), ("ep_zero3", ranks)):
-        error = _launch(spec | {"mode": mode}, tree, out / mode, nproc, timeout)
+    # The single-process reference always runs on the patched tree (identical to stock without a distributed config).
+    for mode, ranks, tree in (("single", 1, Tree.PATCHED), (str(case.trainer), case.ranks, case.tree)):
+        directory = out / mode
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "spec.json").write_text(json.dumps(spec | {"mode": mode}), encoding="utf-8")
+        worker = ["-m", "loadpolicy.validate.parity_worker", str(directory / "spec.json"), str(directory)]
+        command = [sys.executable, *worker]
+        if mode != "single":
+            command = launch_command(case.trainer.launcher, ranks, worker, directory)
+        error = _launch(spec, trees[tree], directory, command, ranks, timeout)
         if error is not None:
-            return ParityOutcome(arch, ranks, clip, time.monotonic() - start, False, f"{mode}: {error}")
-    seconds = time.monotonic() - start
-
-    def load(path: Path) -> dict[str, Any]:
-        if not path.exists():
-            return {"error": f"{path.name}: no result"}
-        result: dict[str, Any] = torch.load(path, weights_only=True)
-        return result
-
-    single = load(out / "single" / "rank0.pt")
+            return _outcome(case, start, [f"{mode}: {error}"])
+    single = _load(out / "single" / "rank0.pt")
     if "error" in single:
-        return ParityOutcome(arch, ranks, clip, seconds, False, f"single process: {single['error']}")
-    results = [load(out / "ep_zero3" / f"rank{rank}.pt") for rank in range(ranks)]
-    failed = next(((rank, r["error"]) for rank, r in enumerate(results) if "error" in r), None)
-    if failed is not None:
-        return ParityOutcome(arch, ranks, clip, seconds, False, f"rank {failed[0]}: {failed[1][:300]}")
+        return _outcome(case, start, [f"single process: {single['error']}"])
+    results = [_load(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
+    tree_src = trees[case.tree].resolve() / "src"
+    imported = {str(r.get("transformers_file")) for r in results}
+    if not all(Path(f).is_relative_to(tree_src) for f in imported):
+        # Not a result about this tree at all: fail whatever the expectation.
+        detail = f"ranks imported transformers from {sorted(imported)}, not from {tree_src}"
+        return ParityOutcome(case, time.monotonic() - start, False, detail)
+    errors = [f"rank {rank}: {r['error'][:300]}" for rank, r in enumerate(results) if "error" in r]
+    if errors:
+        return _outcome(case, start, errors)
     problems, loss_rel, weight_rel = _compare(single, results)
+    if case.checkpoint:
+        problems += _checkpoint_problems(results)
     detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
-    return ParityOutcome(arch, ranks, clip, seconds, not problems, detail, loss_rel, weight_rel)
+    return _outcome(case, start, problems, detail, loss_rel, weight_rel)
+
+
+def _outcome(
+    case: ParityCase,
+    start: float,
+    problems: list[str],
+    detail: str = "",
+    loss_rel: float | None = None,
+    weight_rel: float | None = None,
+) -> ParityOutcome:
+    failed = bool(problems)
+    passed = failed if case.tree is Tree.STOCK else not failed
+    text = detail or "; ".join(problems)
+    if case.tree is Tree.STOCK and not failed:
+        text = "stock trained to parity, expected a failure: " + text
+    return ParityOutcome(case, time.monotonic() - start, passed, text, loss_rel, weight_rel)
 
 
 def _compare(single: dict[str, Any], results: list[dict[str, Any]]) -> tuple[list[str], float, float]:
@@ -99,11 +165,10 @@ def _compare(single: dict[str, Any], results: list[dict[str, Any]]) -> tuple[lis
     worst = ""
     reference_losses = torch.tensor(single["losses"])
     for rank, result in enumerate(results):
-        if result["policy"] != "EPMeta":
-            problems.append(f"rank {rank}: policy {result['policy']}")
-        changed = [n for n, same in result["unchanged"].items() if not same]
-        if changed:
-            problems.append(f"rank {rank}: expert shards changed by deepspeed.initialize: {changed}")
+        problems += _handover_problems(rank, result)
+        if len(result["losses"]) != len(reference_losses):
+            problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
+            continue
         loss_rel = max(loss_rel, _relative(torch.tensor(result["losses"]), reference_losses))
         for name, weight in result["weights"].items():
             full = single["weights"][name]
@@ -117,3 +182,37 @@ def _compare(single: dict[str, Any], results: list[dict[str, Any]]) -> tuple[lis
     if weight_rel > MAX_RELATIVE_DIFF:
         problems.append(f"final weights differ by {weight_rel:.2e} (relative, worst: {worst})")
     return problems, loss_rel, weight_rel
+
+
+def _handover_problems(rank: int, result: dict[str, Any]) -> list[str]:
+    """EPMeta selected, expert shards handed to DeepSpeed's expert groups, and unchanged by the wrap."""
+    problems = []
+    if result["policy"] != "EPMeta":
+        problems.append(f"rank {rank}: policy {result['policy']}")
+    if not result["experts"]:
+        problems.append(f"rank {rank}: no parameter was handed to DeepSpeed's expert groups")
+    changed = [n for n, same in result["unchanged"].items() if not same]
+    if changed or len(result["unchanged"]) != len(result["experts"]):
+        problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
+    return problems
+
+
+def _checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
+    """After save_checkpoint and a reload: same weights, and one more step gives the same loss and weights."""
+    problems = []
+    for rank, result in enumerate(results):
+        saved = result["checkpoint"]
+        if not saved["loaded"]:
+            problems.append(f"rank {rank}: load_checkpoint found nothing")
+        if not saved["frozen"]:
+            problems.append(f"rank {rank}: no parameter was frozen")
+        if not saved["restored_equal"]:
+            problems.append(f"rank {rank}: reloaded weights differ from the saved ones")
+        if saved["loss_continued"] != saved["loss_resumed"]:
+            problems.append(
+                f"rank {rank}: step after reload: loss {saved['loss_resumed']} != {saved['loss_continued']}"
+            )
+        differ = [n for n, w in saved["weights_continued"].items() if _relative(saved["weights_resumed"][n], w) > 0]
+        if differ:
+            problems.append(f"rank {rank}: step after reload changed weights differently: {differ[:3]}")
+    return problems

@@ -1,7 +1,17 @@
-"""Train K steps on fixed data, once in a single process and once with EP under DeepSpeed ZeRO-3 (one rank each).
+"""Train K steps on fixed data: once in a single process, once with EP under DeepSpeed ZeRO-3 (one rank each).
 
-`python -m loadpolicy.validate.parity_worker SPEC OUT` (single process, or under torchrun). Writes the per-step
-losses and the final weights (gathered; expert weights as this rank's shard) to OUT/rank<R>.pt, and a stage file.
+`python -m loadpolicy.validate.parity_worker SPEC OUT` in a single process, under torchrun or under
+`accelerate launch`. SPEC["mode"] says how the EP model is trained:
+
+- `single`: the reference, a plain torch loop (AdamW, constant lr, optional clipping, frozen parameters);
+- `deepspeed`: `deepspeed.initialize` on the model `from_pretrained` returned, then `engine.save_checkpoint` and a
+  reload into a freshly loaded engine when SPEC["checkpoint"] is set;
+- `accelerate`: `Accelerator().prepare(model, optimizer)` under `accelerate launch` with a ZeRO-3 plugin;
+- `trainer`: the transformers `Trainer` with a DeepSpeed config, sequential sampling.
+
+Nothing but `from_pretrained(distributed_config=DistributedConfig(tp_size=W, ep_size=W))` prepares the model: the
+patched tree hands the expert shards to DeepSpeed itself. Writes OUT/rank<R>.pt (losses, final weights gathered with
+expert weights as this rank's shard, and checks) and OUT/rank<R>.stage (where the rank is).
 """
 
 from __future__ import annotations
@@ -10,31 +20,59 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import deepspeed
 import torch
 import transformers
-from transformers import DistributedConfig
-from transformers.integrations.deepspeed import HfDeepSpeedConfig
-
-from loadpolicy.training import prepare_ep_model_for_deepspeed, replicated_dense_plan
 
 
-def _batch() -> tuple[Any, Any]:
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
-    return ids, ids.clone()
+Stage = Callable[[str], None]
+MICRO_BATCH = 2
 
 
-def _single(spec: dict[str, Any]) -> dict[str, Any]:
+def _batches(steps: int) -> list[Any]:
+    """One distinct fixed batch per step (the same on every rank: the ranks of an EP group share the batch)."""
+    return [
+        torch.randint(0, 64, (MICRO_BATCH, 8), generator=torch.Generator().manual_seed(step)) for step in range(steps)
+    ]
+
+
+def _freeze(model: Any, frozen: list[str]) -> None:
+    for name, param in model.named_parameters():
+        if any(part in name for part in frozen):
+            param.requires_grad_(False)
+
+
+def _ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
+    return {
+        "zero_optimization": {"stage": 3},
+        "train_batch_size": MICRO_BATCH * world,
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": spec["clip"],  # DeepSpeed clips to 1.0 when this is left out
+        "steps_per_print": 10_000,
+        "zero_allow_untested_optimizer": spec["optimizer"] == "sgd",
+    }
+
+
+def _optimizer(model: Any, spec: dict[str, Any]) -> Any:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if spec["optimizer"] == "sgd":
+        return torch.optim.SGD(trainable, lr=spec["lr"])
+    return torch.optim.AdamW(trainable, lr=spec["lr"], weight_decay=0.0)
+
+
+def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
-    ids, labels = _batch()
+    _freeze(model, spec["frozen"])
+    optimizer = _optimizer(model, spec)
     losses = []
-    for _ in range(spec["steps"]):
-        loss = model(input_ids=ids, labels=labels).loss
+    for step, ids in enumerate(_batches(spec["steps"])):
+        stage(f"step {step}")
+        loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if spec["clip"] > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
@@ -44,51 +82,195 @@ def _single(spec: dict[str, Any]) -> dict[str, Any]:
     return {"losses": losses, "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def _ep_zero3(spec: dict[str, Any], stage: Any) -> dict[str, Any]:
-    world = int(os.environ["WORLD_SIZE"])
-    config = {
-        "zero_optimization": {"stage": 3},
-        "train_batch_size": 2 * world,
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_clipping": spec["clip"],
-        "steps_per_print": 10_000,
-    }
-    model_class = getattr(transformers, spec["model_class"])
-    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference
-    # The TP plan of the class (not the instance): read from a meta-device build, nothing allocated.
-    with torch.device("meta"):
-        tp_plan = model_class(transformers.AutoConfig.from_pretrained(spec["checkpoint"])).tp_plan
-    stage("from_pretrained")
-    model = model_class.from_pretrained(
-        spec["checkpoint"],
-        dtype=torch.float32,
-        distributed_config=DistributedConfig(tp_size=world, ep_size=world, tp_plan=replicated_dense_plan(tp_plan)),
+def _load_ep(spec: dict[str, Any], world: int) -> Any:
+    from transformers import DistributedConfig  # noqa: PLC0415
+
+    model = getattr(transformers, spec["model_class"]).from_pretrained(
+        spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(tp_size=world, ep_size=world)
     )
-    policy = type(model._load_policy).__name__
-    stage("prepare_ep_model_for_deepspeed")
-    experts = prepare_ep_model_for_deepspeed(model, ep_size=world, tp_size=world)
-    before = {n: p.detach().clone() for n, p in model.named_parameters() if n in experts}
+    model.train()
+    _freeze(model, spec["frozen"])
+    return model
+
+
+def _experts(model: Any) -> list[str]:
+    """The parameters the load handed to DeepSpeed's expert groups (this rank's shards)."""
+    return [n for n, p in model.named_parameters() if getattr(p, "ds_zero_placement_family", "") == "autoep_expert"]
+
+
+def _gathered(module: Any) -> dict[str, Any]:
+    import deepspeed  # noqa: PLC0415
+
+    partitioned = [p for _, p in module.named_parameters() if hasattr(p, "ds_id")]
+    with deepspeed.zero.GatheredParameters(partitioned):
+        return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _loaded(model: Any) -> dict[str, Any]:
+    """What the load handed over, recorded before DeepSpeed sees the model."""
+    experts = _experts(model)
+    return {
+        "policy": type(model._load_policy).__name__,
+        "experts": experts,
+        "before": {n: p.detach().clone() for n, p in model.named_parameters() if n in experts},
+    }
+
+
+def _unchanged(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
+    """Every expert shard must survive the wrap bit for bit (no broadcast from rank 0, no repartition)."""
+    after = _gathered(module)
+    return {n: bool(torch.equal(loaded["before"][n], after[n])) for n in loaded["experts"]}
+
+
+def _engine(spec: dict[str, Any], world: int, stage: Stage) -> tuple[Any, dict[str, Any]]:
+    import deepspeed  # noqa: PLC0415
+
+    stage("from_pretrained")
+    model = _load_ep(spec, world)
+    loaded = _loaded(model)
     stage("deepspeed.initialize")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    after = dict(engine.module.named_parameters())
-    # Every expert shard must survive deepspeed.initialize bit for bit (no broadcast from rank 0, no repartition).
-    # ZeRO-3 has partitioned them (within a one-rank group): gather to read them back.
-    with deepspeed.zero.GatheredParameters([after[n] for n in experts]):
-        unchanged = {n: bool(torch.equal(before[n], after[n].data)) for n in experts}
-    ids, labels = _batch()
+    engine, *_ = deepspeed.initialize(model=model, optimizer=_optimizer(model, spec), config=_ds_config(spec, world))
+    return engine, loaded
+
+
+def _train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) -> list[float]:
     losses = []
-    for step in range(spec["steps"]):
+    for step, ids in enumerate(batches, start=first):
         stage(f"step {step}")
-        loss = engine(input_ids=ids, labels=labels).loss
+        loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    return losses
+
+
+def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    world = int(os.environ["WORLD_SIZE"])
+    keep_alive = HfDeepSpeedConfig(_ds_config(spec, world))  # noqa: F841  # held by a weak reference
+    engine, loaded = _engine(spec, world, stage)
+    result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
+    batches = _batches(spec["steps"] + 1)
+    result["losses"] = _train_engine(engine, batches[:-1], stage)
     stage("gather")
-    partitioned = [p for _, p in engine.module.named_parameters() if hasattr(p, "ds_id")]
-    with deepspeed.zero.GatheredParameters(partitioned):
-        weights = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-    return {"losses": losses, "weights": weights, "experts": experts, "unchanged": unchanged, "policy": policy}
+    result["weights"] = _gathered(engine.module)
+    if spec["checkpoint_dir"]:
+        result["checkpoint"] = _save_and_reload(spec, world, engine, batches[-1], stage)
+    return result
+
+
+def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, stage: Stage) -> dict[str, Any]:
+    """Save, reload into a freshly loaded engine, and take one more step on both: they must agree."""
+    stage("save_checkpoint")
+    engine.save_checkpoint(spec["checkpoint_dir"], tag="parity")
+    stage("reload")
+    reloaded, _ = _engine(spec, world, stage)
+    path, _ = reloaded.load_checkpoint(spec["checkpoint_dir"], tag="parity")
+    restored = _gathered(reloaded.module)
+    original = _gathered(engine.module)
+    (continued,) = _train_engine(engine, [batch], stage, first=spec["steps"])
+    (resumed,) = _train_engine(reloaded, [batch], stage, first=spec["steps"])
+    return {
+        "loaded": path is not None,
+        "frozen": sorted(n for n, p in engine.module.named_parameters() if not p.requires_grad),
+        "restored_equal": all(torch.equal(original[n], restored[n]) for n in original),
+        "loss_continued": continued,
+        "loss_resumed": resumed,
+        "weights_continued": _gathered(engine.module),
+        "weights_resumed": _gathered(reloaded.module),
+    }
+
+
+def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    from accelerate import Accelerator, InitProcessGroupKwargs  # noqa: PLC0415
+
+    # Created before `from_pretrained`: its ZeRO-3 plugin is what makes every rank select EPMeta. On CPU a plain
+    # Accelerator() under DeepSpeed reports one process per rank unless it is told to start gloo itself.
+    handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
+    accelerator = Accelerator(kwargs_handlers=handlers)
+    world = accelerator.num_processes
+    # No dataloader goes through prepare() (every rank of the EP group feeds the same batch), so DeepSpeed's batch
+    # sizes are set here, and the clipping to compare with.
+    accelerator.state.deepspeed_plugin.deepspeed_config.update(
+        {"train_micro_batch_size_per_gpu": MICRO_BATCH, "train_batch_size": MICRO_BATCH * world}
+        | {"gradient_clipping": spec["clip"]}
+    )
+    stage("from_pretrained")
+    model = _load_ep(spec, world)
+    loaded = _loaded(model)
+    stage("accelerator.prepare")
+    engine, optimizer = accelerator.prepare(model, _optimizer(model, spec))
+    result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
+    losses = []
+    for step, ids in enumerate(_batches(spec["steps"])):
+        stage(f"step {step}")
+        loss = engine(input_ids=ids, labels=ids).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    stage("gather")
+    return result | {"losses": losses, "weights": _gathered(engine.module)}
+
+
+def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
+    from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: PLC0415
+
+    world = int(os.environ["WORLD_SIZE"])
+    ds_config = _ds_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
+    args = TrainingArguments(
+        output_dir=str(out / "trainer"),
+        deepspeed=ds_config,
+        per_device_train_batch_size=MICRO_BATCH,
+        max_steps=spec["steps"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=spec["clip"],
+        optim="adamw_torch",
+        train_sampling_strategy="sequential",
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    stage("from_pretrained")
+    model = _load_ep(spec, world)
+    loaded = _loaded(model)
+    losses: list[float] = []
+
+    class RecordingTrainer(Trainer):  # type: ignore[misc]  # transformers is untyped here
+        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            loss = super().compute_loss(*args, **kwargs)
+            stage(f"step {len(losses)}")
+            losses.append(float((loss[0] if isinstance(loss, tuple) else loss).item()))
+            return loss
+
+    unchanged: dict[str, bool] = {}
+
+    class ExpertCheck(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, *args: Any, model: Any = None, **kwargs: Any) -> None:
+            # The Trainer has wrapped the model in DeepSpeed by now, before the first step.
+            unchanged.update(_unchanged(loaded, model))
+
+    rows = [{"input_ids": ids[i], "labels": ids[i]} for ids in _batches(spec["steps"]) for i in range(MICRO_BATCH)]
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=rows, callbacks=[ExpertCheck()])
+    stage("trainer.train")
+    trainer.train()
+    engine = trainer.model_wrapped
+    if engine is model or not hasattr(engine, "module"):
+        raise RuntimeError(
+            f"the Trainer did not wrap the model in DeepSpeed (model_wrapped is {type(engine).__name__})"
+        )
+    stage("gather")
+    return {
+        "policy": loaded["policy"],
+        "experts": loaded["experts"],
+        "unchanged": unchanged,
+        "losses": losses,
+        "weights": _gathered(engine.module),
+    }
 
 
 def main(spec_path: str, out_dir: str) -> None:
@@ -101,10 +283,21 @@ def main(spec_path: str, out_dir: str) -> None:
 
     try:
         stage("start")
-        result = _single(spec) if spec["mode"] == "single" else _ep_zero3(spec, stage)
+        match spec["mode"]:
+            case "single":
+                result = _single(spec, stage)
+            case "deepspeed":
+                result = _deepspeed(spec, stage)
+            case "accelerate":
+                result = _accelerate(spec, stage)
+            case "trainer":
+                result = _trainer(spec, stage, out)
+            case mode:
+                raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer")
         stage("done")
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+    result["transformers_file"] = transformers.__file__  # which tree this rank really ran
     torch.save(result, out / f"rank{rank}.pt")
 
 

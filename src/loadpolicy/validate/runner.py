@@ -80,6 +80,16 @@ def _accelerate_config(path: Path, ranks: int, port: int) -> Path:
     return path
 
 
+def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path) -> list[str]:
+    """The command line that starts `worker` (python arguments) on `ranks` processes with `launcher`."""
+    port = _free_port()
+    if launcher is Launcher.TORCHRUN:
+        run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
+        return [*run, *worker]
+    config = _accelerate_config(out / "accelerate.yaml", ranks, port)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
+
+
 def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float) -> RunOutcome:
     out.mkdir(parents=True, exist_ok=True)
     spec = run.spec
@@ -96,21 +106,15 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
     }
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(worker_spec, indent=2), encoding="utf-8")
-    port = _free_port()
     worker = ["-m", "loadpolicy.validate.worker", str(spec_path), str(out)]
-    if run.launcher is Launcher.TORCHRUN:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={run.ranks}"]
-        command += [f"--master-port={port}", *worker]
-    else:
-        config = _accelerate_config(out / "accelerate.yaml", run.ranks, port)
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
+    command = launch_command(run.launcher, run.ranks, worker, out)
     start = time.monotonic()
     returncode = run_bounded(command, tree_env(trees[run.tree]), out / "launcher.log", timeout)
     seconds = time.monotonic() - start
-    launch_error = None if returncode is not None else f"timed out after {timeout:.0f}s; " + _stages(out, run.ranks)
+    launch_error = None if returncode is not None else f"timed out after {timeout:.0f}s; " + stages(out, run.ranks)
     ranks = [_read_rank(out, rank) for rank in range(run.ranks)]
     if launch_error is None and any(r is None for r in ranks):
-        launch_error = f"launcher exited {returncode}; a rank wrote no result; " + _stages(out, run.ranks)
+        launch_error = f"launcher exited {returncode}; a rank wrote no result; " + stages(out, run.ranks)
     tree_src = trees[run.tree].resolve() / "src"
     imported = {r.get("transformers_file") for r in ranks if r is not None}
     if launch_error is None and not all(f is not None and Path(f).is_relative_to(tree_src) for f in imported):
@@ -145,7 +149,7 @@ def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: flo
             return None
 
 
-def _stages(out: Path, ranks: int) -> str:
+def stages(out: Path, ranks: int) -> str:
     where = []
     for rank in range(ranks):
         path = out / f"rank{rank}.stage"

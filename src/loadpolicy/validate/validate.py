@@ -12,7 +12,7 @@ from pathlib import Path
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.validate.checkpoints import build_checkpoint
 from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
-from loadpolicy.validate.parity import run_parity
+from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
 from loadpolicy.validate.report import is_unexpected, render_markdown, render_parity, render_table, write_json
 from loadpolicy.validate.runner import RunOutcome, launch
 
@@ -34,15 +34,31 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
     return {Tree.STOCK: pristine, Tree.PATCHED: patched}
 
 
-# Training parity (EP under ZeRO-3 vs one process, 5 AdamW steps): (architecture, ranks, gradient clipping)
-PARITY_FAST = (("qwen3_moe", 2, 1.0),)
+# Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
+# the stock tree once per way and architecture, to show how it fails.
 PARITY_FULL = (
-    ("qwen3_moe", 2, 0.0),
-    ("qwen3_moe", 2, 1.0),
-    ("mixtral", 2, 0.0),
-    ("mixtral", 2, 1.0),
-    ("qwen3_moe", 4, 1.0),
-    ("mixtral", 4, 1.0),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+    *(
+        ParityCase(arch, ranks, way)
+        for way in (Trainer.ACCELERATE, Trainer.HF_TRAINER)
+        for arch in ("qwen3_moe", "mixtral")
+        for ranks in (2, 4)
+    ),
+    *(ParityCase(arch, 2, way, tree=Tree.STOCK) for way in Trainer for arch in ("qwen3_moe", "mixtral")),
+)
+PARITY_FAST = (
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+    ParityCase("mixtral", 2, Trainer.ACCELERATE),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
 )
 
 
@@ -81,16 +97,11 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
         )
     parities = []
     cases = PARITY_FAST if fast else PARITY_FULL
-    for index, (arch, ranks, clip) in enumerate(cases, start=1):
-        parity = run_parity(
-            arch, ranks, clip, trees[Tree.PATCHED], checkpoints, out / "parity" / f"{index:03d}", timeout
-        )
+    for index, case in enumerate(cases, start=1):
+        parity = run_parity(case, trees, checkpoints, out / "parity" / f"{index:03d}", timeout)
         parities.append(parity)
         mark = "ok " if parity.passed else "!! "
-        print(
-            f"{mark}[{index}/{len(cases)}] {parity.label} | patched: {parity.detail} ({parity.seconds:.1f}s)",
-            flush=True,
-        )
+        print(f"{mark}[{index}/{len(cases)}] {case.label}: {parity.detail} ({parity.seconds:.1f}s)", flush=True)
     print(render_table(outcomes))
     print(render_parity(parities))
     write_json(outcomes, out / "report.json", parities)
