@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.validate.faults import MAX_SECONDS_TO_ERROR, FaultOutcome
 from loadpolicy.validate.matrix import Tree
 from loadpolicy.validate.parity import MAX_RELATIVE_DIFF, ParityOutcome
 from loadpolicy.validate.runner import RunOutcome
@@ -73,7 +74,34 @@ def render_parity(parities: Sequence[ParityOutcome]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(outcomes: list[RunOutcome], command: str, parities: Sequence[ParityOutcome] = ()) -> str:
+def render_faults(faults: Sequence[FaultOutcome]) -> str:
+    lines = ["bad inputs (patched, torchrun)"]
+    for f in faults:
+        seconds = "-" if f.max_seconds is None else f"{f.max_seconds:.1f}s"
+        lines.append(f"{'ok' if f.passed else 'FAIL'} x{f.ranks} {f.case}: slowest rank {seconds}, {f.detail}")
+        lines += [f"    rank {rank}: {text}" for rank, text in enumerate(f.per_rank)]
+    return "\n".join(lines)
+
+
+def _fault_rows(faults: Sequence[FaultOutcome]) -> list[str]:
+    rows = []
+    for f in faults:
+        seconds = "-" if f.max_seconds is None else f"{f.max_seconds:.1f}s"
+        each = "<br>".join(f"rank {rank}: {text}" for rank, text in enumerate(f.per_rank)).replace("|", "/")
+        left = "yes" if f.left_running else "nothing"
+        rows.append(
+            f"| {f.case} | {f.ranks} | {each} | {seconds} | {f.wall_seconds:.1f}s | {left} | "
+            f"{'pass' if f.passed else 'FAIL: ' + f.detail} |"
+        )
+    return rows
+
+
+def render_markdown(
+    outcomes: list[RunOutcome],
+    command: str,
+    parities: Sequence[ParityOutcome] = (),
+    faults: Sequence[FaultOutcome] = (),
+) -> str:
     lines = [
         "# Validation report",
         "",
@@ -102,6 +130,18 @@ def render_markdown(outcomes: list[RunOutcome], command: str, parities: Sequence
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += ["| " + " | ".join(_parity_row(p)) + f" | {p.seconds:.1f}s |" for p in parities]
+    lines += [
+        "",
+        "## Reliability: bad inputs (patched tree, torchrun)",
+        "",
+        f"Each case must end with a clear error on every rank within {MAX_SECONDS_TO_ERROR:.0f}s of the start of",
+        "`from_pretrained` (a warning where the input is legal but not what the user meant), with no process of the",
+        "launch left running. Time to error: the slowest rank; launch: the whole torchrun, start-up included.",
+        "",
+        "| case | ranks | each rank's outcome | time to error | launch | left running | result |",
+        "|---|---|---|---|---|---|---|",
+        *_fault_rows(faults),
+    ]
     failed = [o for o in outcomes if not o.met_expectation]
     lines += ["", f"{len(outcomes)} runs, {len(failed)} not as expected."]
     lines += [
@@ -110,7 +150,12 @@ def render_markdown(outcomes: list[RunOutcome], command: str, parities: Sequence
     return "\n".join(lines) + "\n"
 
 
-def write_json(outcomes: list[RunOutcome], path: Path, parities: Sequence[ParityOutcome] = ()) -> None:
+def write_json(
+    outcomes: list[RunOutcome],
+    path: Path,
+    parities: Sequence[ParityOutcome] = (),
+    faults: Sequence[FaultOutcome] = (),
+) -> None:
     loads = [
         {
             "scenario": str(o.run.scenario),
@@ -124,7 +169,11 @@ def write_json(outcomes: list[RunOutcome], path: Path, parities: Sequence[Parity
         }
         for o in outcomes
     ]
-    payload = {"loads": loads, "training_parity": [asdict(p) for p in parities]}
+    payload = {
+        "loads": loads,
+        "training_parity": [asdict(p) for p in parities],
+        "bad_inputs": [asdict(f) for f in faults],
+    }
     path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
 

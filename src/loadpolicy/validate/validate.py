@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,17 @@ from pathlib import Path
 
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.validate.checkpoints import build_checkpoint
+from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
 from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
 from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
-from loadpolicy.validate.report import is_unexpected, render_markdown, render_parity, render_table, write_json
+from loadpolicy.validate.report import (
+    is_unexpected,
+    render_faults,
+    render_markdown,
+    render_parity,
+    render_table,
+    write_json,
+)
 from loadpolicy.validate.runner import RunOutcome, launch
 
 
@@ -69,8 +78,24 @@ def _visible_gpus() -> int:
     return count
 
 
+def _prebuild_deepspeed_ops(out: Path) -> None:
+    """Build DeepSpeed's CPU communication op once, here, before any rank needs it.
+
+    Every rank of a launch JIT-builds it under a file lock on first use; a rank killed while holding the lock (a
+    timeout, a killed-rank case) leaves the lock behind and every later launch waits on it until its bound. With no
+    rank running yet, a lock found here is stale.
+    """
+    extensions = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(out.resolve() / "torch_extensions")))
+    for stale in extensions.rglob("lock"):
+        stale.unlink()
+    from deepspeed.comm.torch import build_shm_op  # the orchestrator imports DeepSpeed only here
+
+    build_shm_op()
+
+
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
     trees = prepare_trees(out, patches, cache)
+    _prebuild_deepspeed_ops(out)
     checkpoints = out.resolve() / "checkpoints"
     for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
         build_checkpoint(arch, checkpoints)
@@ -102,12 +127,23 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
         parities.append(parity)
         mark = "ok " if parity.passed else "!! "
         print(f"{mark}[{index}/{len(cases)}] {case.label}: {parity.detail} ({parity.seconds:.1f}s)", flush=True)
+    variants = build_fault_checkpoints(checkpoints)
+    fault_runs = [(case, ranks) for case in FAULT_CASES for ranks in ((2,) if fast else (2, 4))]
+    faults = []
+    for index, (fault_case, ranks) in enumerate(fault_runs, start=1):
+        fault = run_fault(fault_case, ranks, trees[Tree.PATCHED], variants, out / "faults" / f"{index:03d}")
+        faults.append(fault)
+        mark = "ok " if fault.passed else "!! "
+        label = f"bad input | {fault_case.name} | torchrun x{ranks}"
+        print(f"{mark}[{index}/{len(fault_runs)}] {label}: {fault.detail}", flush=True)
     print(render_table(outcomes))
     print(render_parity(parities))
-    write_json(outcomes, out / "report.json", parities)
-    (out / "report.md").write_text(render_markdown(outcomes, command, parities), encoding="utf-8")
-    unexpected = [o for o in outcomes if is_unexpected(o)] + [p for p in parities if not p.passed]
-    total = len(runs) + len(cases)
+    print(render_faults(faults))
+    write_json(outcomes, out / "report.json", parities, faults)
+    (out / "report.md").write_text(render_markdown(outcomes, command, parities, faults), encoding="utf-8")
+    unexpected: list[object] = [o for o in outcomes if is_unexpected(o)]
+    unexpected += [p for p in parities if not p.passed] + [f for f in faults if not f.passed]
+    total = len(runs) + len(cases) + len(fault_runs)
     print(f"\n{total} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
     return 1 if unexpected else 0

@@ -1,0 +1,77 @@
+"""One rank of a bad-input case: load the way the case says, record what happened and when.
+
+`python -m loadpolicy.validate.fault_worker SPEC OUT` under torchrun. Writes OUT/rank<R>.json: the error (type and
+message) or None, the warnings raised while loading, and the seconds from the start of `from_pretrained` to its
+outcome; OUT/rank<R>.stage says where the rank is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+def _kill_this_rank_while_loading() -> None:
+    """SIGKILL this process from inside the weight loading, as an OOM killer or a lost node would."""
+    from transformers import modeling_utils  # noqa: PLC0415
+
+    def killed(*_: Any, **__: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    modeling_utils.PreTrainedModel._load_pretrained_model = staticmethod(killed)
+
+
+def _load(spec: dict[str, Any], rank: int, world: int) -> None:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from transformers import DistributedConfig  # noqa: PLC0415
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+    keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] == "before" else None  # noqa: F841  # weak reference
+    sizes = {key: world if value == "world" else value for key, value in spec["sizes"].items()}
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "distributed_config": DistributedConfig(**sizes)}
+    if spec["device_map"] is not None:
+        kwargs["device_map"] = spec["device_map"]
+    checkpoint = spec["checkpoints"].get(str(rank), spec["checkpoints"]["*"])
+    if spec["kill_rank"] == rank:
+        _kill_this_rank_while_loading()
+    model = getattr(transformers, spec["model_class"]).from_pretrained(checkpoint, **kwargs)
+    if spec["zero3"] == "after":
+        # The DeepSpeed config appears only now, with the TrainingArguments, as when they are built after loading.
+        args = transformers.TrainingArguments(spec["out"], deepspeed=zero3, use_cpu=True, report_to="none")
+        transformers.Trainer(model=model, args=args)
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    out = Path(out_dir)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8")) | {"out": out_dir}
+    (out / f"rank{rank}.stage").write_text("from_pretrained", encoding="utf-8")
+    start = time.monotonic()
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _load(spec, rank, world)
+        except Exception as exc:  # the outcome under test
+            error = f"{type(exc).__name__}: {exc}"
+    result = {
+        "error": error,
+        "warnings": sorted({str(w.message) for w in caught if spec["warning"] and spec["warning"] in str(w.message)}),
+        "seconds": time.monotonic() - start,
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    (out / f"rank{rank}.stage").write_text("done", encoding="utf-8")
+    # Exit like a user script that does not catch the error, so the launcher sees the failure.
+    sys.exit(1 if error else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,246 @@
+"""The bad-input matrix: each case must end with a clear error on every rank, fast, with nothing left running.
+
+Every case runs under torchrun on the patched tree (EP under ZeRO-3 does not load at all on stock 5.23.0, so stock
+would only show that one error). The outcome of each rank is its exception (or warning) and the seconds from the start
+of `from_pretrained` to it; the launcher is bounded, and after it exits no process of its session may remain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.validate.matrix import Launcher
+from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.validate.runner import launch_command, stages, tree_env
+
+
+MAX_SECONDS_TO_ERROR = 30.0
+LAUNCH_BOUND = 120.0  # imports and process start-up included
+EP = {"tp_size": "world", "ep_size": "world"}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultCase:
+    name: str
+    checkpoint: str = "qwen3_moe"  # a variant from `build_fault_checkpoints`
+    sizes: dict[str, Any] = field(default_factory=lambda: dict(EP))
+    zero3: str = "before"  # the DeepSpeed ZeRO-3 config exists "before" or only "after" from_pretrained
+    device_map: str | None = None
+    bad_rank: str | None = None  # "1" or "last": the one rank whose view differs (checkpoint or kill)
+    killed: bool = False  # the bad rank is SIGKILLed while loading
+    # What every rank must raise (a substring), or for the bad rank and the others when they differ
+    error: str | None = None
+    bad_rank_error: str | None = None
+    warning: str | None = None  # expected on every rank when the case only warns (error None)
+
+
+def _cases() -> tuple[FaultCase, ...]:
+    return (
+        FaultCase(
+            "ZeRO-3 with fsdp_size > 1",
+            sizes={"fsdp_size": "world", "ep_size": "world"},
+            error="cannot be combined with FSDP2 data parallelism (fsdp_size=",
+        ),
+        FaultCase(
+            "num_experts (5) not divisible by ep_size",
+            checkpoint="five_experts",
+            error="Cannot evenly shard 5 experts",
+        ),
+        FaultCase(
+            "enable_expert_parallel=True alone",
+            sizes={"enable_expert_parallel": True},
+            warning="resolves to ep_size=1: the experts are not sharded",
+        ),
+        FaultCase("user device_map='auto' with EP", device_map="auto", error="`device_map` are mutually exclusive"),
+        FaultCase(
+            "EP + ZeRO-3 + quantized model (BitNet)",
+            checkpoint="quantized",
+            error="Expert parallelism (ep_size=",
+        ),
+        FaultCase(
+            "truncated safetensors, one rank's view",
+            bad_rank="1",
+            error="`from_pretrained` failed on rank(s) [1]: rank 1: SafetensorError",
+            bad_rank_error="SafetensorError",
+        ),
+        FaultCase("truncated safetensors, every rank", checkpoint="truncated", error="SafetensorError"),
+        FaultCase(
+            "checkpoint missing expert 3's weights",
+            checkpoint="missing_expert",
+            bad_rank="last",  # owns expert 3
+            error="failed on rank(s) [{bad}]: rank {bad}: RuntimeError: You set `ignore_mismatched_sizes`",
+            bad_rank_error="You set `ignore_mismatched_sizes` to `False`",
+        ),
+        FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
+        FaultCase(
+            "ZeRO-3 config created after from_pretrained (Trainer)",
+            zero3="after",
+            error="before the DeepSpeed ZeRO-3 config existed",
+        ),
+    )
+
+
+FAULT_CASES = _cases()
+
+
+def build_fault_checkpoints(checkpoints: Path) -> dict[str, Path]:
+    """The broken variants of the tiny qwen3_moe checkpoint the cases read (built once, reused)."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    base = checkpoints / "qwen3_moe"
+    variants = {name: checkpoints / f"fault-{name}" for name in ("five_experts", "quantized", "truncated")}
+    variants["missing_expert"] = checkpoints / "fault-missing_expert"
+    if not (variants["five_experts"] / "config.json").exists():
+        arch = ARCHITECTURES["qwen3_moe"]
+        torch.manual_seed(0)
+        config = getattr(transformers, arch.config_class)(**(arch.config | {"num_experts": 5}))
+        getattr(transformers, arch.model_class)(config).save_pretrained(variants["five_experts"])
+    for name in ("quantized", "truncated", "missing_expert"):
+        if not variants[name].exists():
+            shutil.copytree(base, variants[name])
+    weights = variants["truncated"] / "model.safetensors"
+    if weights.stat().st_size == (base / "model.safetensors").stat().st_size:
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    # A pre-quantized checkpoint: the quantizer (BitNet, which accepts a CPU) is chosen from config.json.
+    config = json.loads((variants["quantized"] / "config.json").read_text(encoding="utf-8"))
+    config["quantization_config"] = {
+        "quant_method": "bitnet",
+        "linear_class": "bitlinear",
+        "quantization_mode": "offline",
+    }
+    (variants["quantized"] / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    state = load_file(variants["missing_expert"] / "model.safetensors")
+    save_file(
+        {k: v for k, v in state.items() if ".experts.3." not in k},
+        variants["missing_expert"] / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    return variants | {"qwen3_moe": base}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultOutcome:
+    case: str
+    ranks: int
+    passed: bool
+    per_rank: tuple[str, ...]  # what each rank ended with
+    max_seconds: float | None  # slowest rank, from the start of from_pretrained to its outcome
+    wall_seconds: float  # the whole launch, start-up included
+    left_running: bool
+    detail: str
+
+
+def _bad_rank(case: FaultCase, ranks: int) -> int | None:
+    return None if case.bad_rank is None else ranks - 1 if case.bad_rank == "last" else int(case.bad_rank)
+
+
+def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path], out: Path) -> FaultOutcome:
+    out.mkdir(parents=True, exist_ok=True)
+    bad = _bad_rank(case, ranks)
+    views = {"*": str(variants[case.checkpoint])}
+    if bad is not None and case.checkpoint == "qwen3_moe" and not case.killed:
+        views[str(bad)] = str(variants["truncated"])
+    spec = {
+        "model_class": ARCHITECTURES["qwen3_moe"].model_class,
+        "checkpoints": views,
+        "sizes": case.sizes,
+        "zero3": case.zero3,
+        "device_map": case.device_map,
+        "kill_rank": bad if case.killed else None,
+        "warning": case.warning,
+    }
+    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    worker = ["-m", "loadpolicy.validate.fault_worker", str(out / "spec.json"), str(out)]
+    command = launch_command(Launcher.TORCHRUN, ranks, worker, out)
+    start = time.monotonic()
+    with (
+        (out / "launcher.log").open("w", encoding="utf-8") as log,
+        subprocess.Popen(
+            command, env=tree_env(tree), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        ) as proc,
+    ):
+        try:
+            proc.wait(timeout=LAUNCH_BOUND)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        wall = time.monotonic() - start
+        left_running = _session_alive(proc.pid)
+        if left_running or timed_out:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
+    per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
+    seconds = [r["seconds"] for r in results if r is not None]
+    problems = [f"timed out after {LAUNCH_BOUND:.0f}s; {stages(out, ranks)}"] if timed_out else []
+    problems += ["processes of the launch were still running after it exited"] if left_running else []
+    problems += _expectation_problems(case, bad, results, out)
+    if seconds and max(seconds) > MAX_SECONDS_TO_ERROR:
+        problems.append(f"slowest rank took {max(seconds):.1f}s > {MAX_SECONDS_TO_ERROR:.0f}s")
+    detail = "; ".join(problems) or "as expected"
+    return FaultOutcome(
+        case.name, ranks, not problems, per_rank, max(seconds) if seconds else None, wall, left_running, detail
+    )
+
+
+def _session_alive(session: int) -> bool:
+    try:
+        os.killpg(session, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return result
+
+
+def _describe(result: dict[str, Any] | None, rank: int, out: Path) -> str:
+    if result is None:
+        log = (out / "launcher.log").read_text(encoding="utf-8", errors="replace")
+        if f"local_rank: {rank} (pid" in log and "Signal 9" in log:
+            return "killed (SIGKILL)"
+        return "no result: stopped by the launcher"
+    if result["error"]:
+        return str(result["error"])[:240]
+    return "warned: " + "; ".join(result["warnings"])[:240] if result["warnings"] else "loaded, no warning"
+
+
+def _expectation_problems(
+    case: FaultCase, bad: int | None, results: list[dict[str, Any] | None], out: Path
+) -> list[str]:
+    problems = []
+    if case.killed:
+        log = (out / "launcher.log").read_text(encoding="utf-8", errors="replace")
+        if "Signal 9" not in log and "exitcode: -9" not in log:
+            problems.append("the launcher did not report the killed rank")
+        survivors = [r for rank, r in enumerate(results) if rank != bad and r is not None and not r["error"]]
+        if survivors:
+            problems.append("a rank finished loading although another was killed")
+        return problems
+    for rank, result in enumerate(results):
+        if result is None:
+            problems.append(f"rank {rank}: no result")
+            continue
+        expected = case.bad_rank_error if rank == bad and case.bad_rank_error else case.error
+        if expected is None:
+            if result["error"] or not result["warnings"]:
+                problems.append(
+                    f"rank {rank}: expected the warning {case.warning!r}, got {_describe(result, rank, out)}"
+                )
+        elif expected.format(bad=bad) not in str(result["error"]):
+            problems.append(f"rank {rank}: expected an error with {expected.format(bad=bad)!r}, got {result['error']}")
+    return problems
