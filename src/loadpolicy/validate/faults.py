@@ -79,7 +79,7 @@ def _cases() -> tuple[FaultCase, ...]:
             bad_rank="last",  # owns expert 3
             # The owner's shard no longer matches (2 ranks: a size mismatch; 4 ranks: the expert merge fails)
             error="failed on rank(s) [{bad}]: rank {bad}: RuntimeError",
-            bad_rank_error="of the above report",
+            bad_rank_error="above report",
         ),
         FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
         FaultCase(
