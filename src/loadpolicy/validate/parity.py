@@ -175,6 +175,9 @@ def _compare(single: dict[str, Any], results: list[dict[str, Any]]) -> tuple[lis
             if name in result["experts"]:
                 n = full.shape[0] // len(results)
                 full = full[rank * n : (rank + 1) * n]
+            if weight.shape != full.shape:
+                problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
+                continue
             if (relative := _relative(weight, full)) > weight_rel:
                 weight_rel, worst = relative, name
     if loss_rel > MAX_RELATIVE_DIFF:

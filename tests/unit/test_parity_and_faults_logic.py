@@ -1,0 +1,126 @@
+"""The parity comparison and the bad-input judge, on synthetic rank results (the real runs are `tox -e multigpu`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadpolicy.validate.faults import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
+from loadpolicy.validate.matrix import Tree
+from loadpolicy.validate.parity import ParityCase, Trainer, _checkpoint_problems, _compare, _outcome
+
+
+torch = pytest.importorskip("torch")
+
+EXPERT = "model.layers.0.mlp.experts.down_proj"
+
+
+def single() -> dict[str, Any]:
+    weights = {"model.embed_tokens.weight": torch.arange(6.0).reshape(2, 3), EXPERT: torch.arange(8.0).reshape(4, 2)}
+    return {"losses": [4.0, 3.5, 3.0], "weights": weights}
+
+
+def rank_result(rank: int, ranks: int = 2) -> dict[str, Any]:
+    reference = single()
+    n = 4 // ranks
+    weights = dict(reference["weights"])
+    weights[EXPERT] = weights[EXPERT][rank * n : (rank + 1) * n].clone()
+    return {
+        "policy": "EPMeta",
+        "experts": [EXPERT],
+        "unchanged": {EXPERT: True},
+        "losses": list(reference["losses"]),
+        "weights": weights,
+    }
+
+
+def test_parity_passes_equal_results_and_compares_experts_as_the_rank_slice() -> None:
+    problems, loss_rel, weight_rel = _compare(single(), [rank_result(0), rank_result(1)])
+    assert problems == []
+    assert loss_rel == weight_rel == 0.0
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda r: r.update(policy="MetaShardOnRead"), "policy MetaShardOnRead"),
+        (lambda r: r.update(experts=[], unchanged={}), "no parameter was handed"),
+        (lambda r: r["unchanged"].update({EXPERT: False}), "expert shards changed"),
+        (lambda r: r["losses"].__setitem__(1, 3.5001), "losses differ by"),
+        (lambda r: r["weights"][EXPERT].add_(1e-3), "final weights differ by"),
+        (lambda r: r["losses"].pop(), "2 steps, expected 3"),
+    ],
+)
+def test_parity_names_the_rank_and_what_differs(change: Any, needle: str) -> None:
+    broken = rank_result(1)
+    change(broken)
+    problems, _, _ = _compare(single(), [rank_result(0), broken])
+    assert any(needle in problem for problem in problems), problems
+
+
+def test_a_reload_that_changes_the_next_step_fails() -> None:
+    saved = {
+        "loaded": True,
+        "frozen": ["model.embed_tokens.weight"],
+        "restored_equal": True,
+        "loss_continued": 3.0,
+        "loss_resumed": 3.0,
+        "weights_continued": {"w": torch.ones(2)},
+        "weights_resumed": {"w": torch.ones(2)},
+    }
+    assert _checkpoint_problems([{"checkpoint": saved}]) == []
+    drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=[])
+    problems = _checkpoint_problems([{"checkpoint": drifted}])
+    assert any("no parameter was frozen" in p for p in problems)
+    assert any("changed weights differently" in p for p in problems)
+
+
+def test_a_stock_case_passes_only_by_failing() -> None:
+    stock = ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK)
+    assert _outcome(stock, 0.0, ["rank 0: ValueError: device_map"]).passed
+    assert not _outcome(stock, 0.0, []).passed
+
+
+TORCHRUN_SUMMARY = """
+Failures:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 19543)  (SIGTERM)
+  traceback : Signal 15 (SIGTERM) received by PID 19543
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 19544)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 19544
+"""
+
+
+def test_the_killed_rank_and_the_stopped_ones_are_read_from_torchrun(tmp_path: Path) -> None:
+    (tmp_path / "launcher.log").write_text(TORCHRUN_SUMMARY, encoding="utf-8")
+    assert _launcher_signal(1, tmp_path) == "SIGKILL"
+    assert _launcher_signal(0, tmp_path) == "SIGTERM"
+    assert _describe(None, 1, tmp_path).startswith("killed (SIGKILL)")
+    killed = next(case for case in FAULT_CASES if case.killed)
+    assert _expectation_problems(killed, 1, [None, None], tmp_path) == []
+    survivor = {"error": None, "warnings": [], "seconds": 1.0}
+    assert _expectation_problems(killed, 1, [survivor, None], tmp_path) == [
+        "a rank finished loading although another was killed"
+    ]
+
+
+def test_every_rank_must_raise_and_the_bad_rank_its_own_error(tmp_path: Path) -> None:
+    case = FaultCase("one rank", bad_rank="1", error="failed on rank(s) [{bad}]", bad_rank_error="SafetensorError")
+    good = [
+        {"error": "RuntimeError: `from_pretrained` failed on rank(s) [1]: rank 1: SafetensorError", "seconds": 1.0},
+        {"error": "SafetensorError: incomplete metadata", "seconds": 1.0},
+    ]
+    assert _expectation_problems(case, 1, good, tmp_path) == []
+    silent = [{"error": None, "warnings": [], "seconds": 1.0}, good[1]]
+    assert _expectation_problems(case, 1, silent, tmp_path)[0].startswith("rank 0: expected an error")
+
+
+def test_a_warning_case_needs_the_warning_on_every_rank(tmp_path: Path) -> None:
+    case = FaultCase("warns", warning="resolves to ep_size=1")
+    warned = {"error": None, "warnings": ["... resolves to ep_size=1 ..."], "seconds": 1.0}
+    assert _expectation_problems(case, None, [warned, warned], tmp_path) == []
+    quiet = {"error": None, "warnings": [], "seconds": 1.0}
+    assert _expectation_problems(case, None, [warned, quiet], tmp_path)[0].startswith("rank 1: expected the warning")
