@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadpolicy import doctor
+from loadpolicy.bench import run as bench_command
 from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(subparsers)
     upstream_commands.add_parsers(subparsers)
     validate_command.add_parser(subparsers)
+    bench_command.add_parser(subparsers)
     return parser
 
 
@@ -132,7 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output = args.handler(args)
-    except (LoadPolicyError, UpstreamError, validate_command.ValidationFailedError) as exc:
+    except (
+        LoadPolicyError,
+        UpstreamError,
+        validate_command.ValidationFailedError,
+        bench_command.BenchFailedError,
+    ) as exc:
         print(f"loadpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2
     print(output)

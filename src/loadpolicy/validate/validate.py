@@ -78,7 +78,7 @@ def _visible_gpus() -> int:
     return count
 
 
-def _prebuild_deepspeed_ops(out: Path) -> None:
+def prebuild_deepspeed_ops(out: Path) -> None:
     """Build DeepSpeed's CPU communication op once, here, before any rank needs it.
 
     Every rank of a launch JIT-builds it under a file lock on first use; a rank killed while holding the lock (a
@@ -95,7 +95,7 @@ def _prebuild_deepspeed_ops(out: Path) -> None:
 
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
     trees = prepare_trees(out, patches, cache)
-    _prebuild_deepspeed_ops(out)
+    prebuild_deepspeed_ops(out)
     checkpoints = out.resolve() / "checkpoints"
     for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
         build_checkpoint(arch, checkpoints)

@@ -1,0 +1,261 @@
+"""`loadpolicy bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
+
+Each launch starts from a cold page cache for the checkpoint (its pages are evicted with `posix_fadvise`), runs
+torchrun on the patched tree (Zero3Init there is stock behaviour), and every rank reports its figures
+(`bench/worker.py`). Per (model, policy, ranks) the report gives the median over repeats, with min and max, of the
+slowest rank's load time and of the largest per-rank peak; the ideal per rank is the bytes it owns after loading plus
+the baseline RSS of a process that imported everything and loaded nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
+from loadpolicy.validate.matrix import Launcher, Tree
+from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
+from loadpolicy.validate.validate import prebuild_deepspeed_ops, prepare_trees
+
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One way of loading: which policy the ranks must report, and the inputs that select it."""
+
+    label: str
+    policy: str
+    zero3: bool
+    ep: bool = False
+    requested: str | None = None
+    moe_only: bool = False
+    dense_only: bool = False
+
+
+CASES = (
+    Case("Zero3Init (stock)", "Zero3Init", zero3=True),
+    Case("MetaShardOnRead: plain EP", "MetaShardOnRead", zero3=False, ep=True, moe_only=True),
+    Case("MetaShardOnRead: dense ZeRO-3", "MetaShardOnRead", zero3=True, requested="MetaShardOnRead", dense_only=True),
+    Case("EPMeta: EP under ZeRO-3", "EPMeta", zero3=True, ep=True, moe_only=True),
+)
+
+
+def _applies(case: Case, model: BenchModel) -> bool:
+    return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
+
+
+def evict_from_page_cache(path: Path) -> None:
+    """Drop the checkpoint's pages from the page cache, so every launch reads from storage (cold start)."""
+    for file in path.iterdir():
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _launch(
+    spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float
+) -> tuple[list[dict[str, Any]], str | None]:
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("rank*.json"):
+        stale.unlink()
+    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    worker = ["-m", "loadpolicy.bench.worker", str(out / "spec.json"), str(out)]
+    if spec["checkpoint"]:
+        evict_from_page_cache(Path(spec["checkpoint"]))
+    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), tree_env(tree), out / "log", timeout)
+    results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("rank*.json"))]
+    if code is None:
+        return results, f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
+    if code != 0 or len(results) != ranks:
+        return results, f"launcher exited {code}, {len(results)}/{ranks} ranks reported (see {out / 'log'})"
+    return results, None
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    model: str
+    parameters: int
+    case: str
+    ranks: int
+    repeats: int
+    seconds: dict[str, float]  # slowest rank, per repeat
+    peak_gib: dict[str, float]  # largest per-rank peak RSS (anonymous + file-backed), per repeat
+    peak_anon_gib: dict[str, float]
+    peak_file_gib: dict[str, float]
+    held_gib: dict[str, float]  # after loading and touching every parameter
+    read_gib: dict[str, float]  # bytes read from storage, summed over ranks
+    ideal_gib: float  # largest per-rank (owned bytes + baseline RSS)
+    peak_over_ideal: float
+    error: str | None = None
+
+
+def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list[dict[str, Any]]], base: float) -> Row:
+    def per_repeat(figure: str, combine: Any = max) -> dict[str, float]:
+        return _summary([combine(r[figure] for r in ranks_) / GIB for ranks_ in runs])
+
+    seconds = _summary([max(r["seconds"] for r in ranks_) for ranks_ in runs])
+    ideal = max(r["owned_bytes"] for r in runs[0]) / GIB + base
+    peak = per_repeat("peak_total")
+    return Row(
+        model=model.name,
+        parameters=params,
+        case=case.label,
+        ranks=ranks,
+        repeats=len(runs),
+        seconds=seconds,
+        peak_gib=peak,
+        peak_anon_gib=per_repeat("peak_anon"),
+        peak_file_gib=per_repeat("peak_file"),
+        held_gib=per_repeat("held_anon"),
+        read_gib=per_repeat("read_bytes", sum),
+        ideal_gib=ideal,
+        peak_over_ideal=peak["median"] / ideal,
+    )
+
+
+def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, timeout: float) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    models = SMOKE if smoke else FULL
+    rows: list[Row] = []
+    for ranks in (2,) if smoke else (2, 4):
+        baseline_runs = []
+        for repeat in range(repeats):
+            spec = {"policy": "baseline", "zero3": True, "ep": False, "requested": None, "checkpoint": ""}
+            results, error = _launch(
+                spec, ranks, trees[Tree.PATCHED], out / "runs" / f"baseline-{ranks}-{repeat}", timeout
+            )
+            if error:
+                raise RuntimeError(f"baseline at {ranks} ranks: {error}")
+            baseline_runs.append(max(r["held_anon"] + r["held_file"] for r in results) / GIB)
+        base = statistics.median(baseline_runs)
+        print(f"baseline x{ranks}: {base:.2f} GiB per rank", flush=True)
+        for model in models:
+            path = build(model, out.resolve() / "checkpoints")
+            params = parameter_count(path)
+            for case in (c for c in CASES if _applies(c, model)):
+                runs, error = [], None
+                for repeat in range(repeats):
+                    spec = {
+                        "policy": case.policy,
+                        "zero3": case.zero3,
+                        "ep": case.ep,
+                        "requested": case.requested,
+                        "checkpoint": str(path),
+                        "model_class": model.model_class,
+                    }
+                    name = f"{model.name}-{case.policy}-{case.ep}-{ranks}-{repeat}"
+                    results, error = _launch(spec, ranks, trees[Tree.PATCHED], out / "runs" / name, timeout)
+                    wrong = {r["policy"] for r in results} - {case.policy}
+                    error = error or (f"ranks selected {sorted(wrong)}, expected {case.policy}" if wrong else None)
+                    if error:
+                        break
+                    runs.append(results)
+                row = (
+                    _row(model, params, case, ranks, runs, base)
+                    if not error
+                    else Row(model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error)
+                )
+                rows.append(row)
+                print(render_table([row], header=False), flush=True)
+    return rows
+
+
+def render_table(rows: list[Row], header: bool = True) -> str:
+    lines = []
+    if header:
+        lines.append(
+            f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'peak GiB/rank':>22} "
+            f"{'anon/file':>11} {'held':>6} {'read GiB':>8} {'ideal':>6} {'peak/ideal':>10}"
+        )
+    for r in rows:
+        if r.error:
+            lines.append(f"{r.model:<11} {r.case:<30} {r.ranks:>5} FAILED: {r.error}")
+            continue
+        s, p = r.seconds, r.peak_gib
+        lines.append(
+            f"{r.model:<11} {r.case:<30} {r.ranks:>5} {s['median']:>7.2f} ({s['min']:.2f}-{s['max']:.2f}) "
+            f"{p['median']:>9.2f} ({p['min']:.2f}-{p['max']:.2f}) "
+            f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} {r.held_gib['median']:>6.2f} "
+            f"{r.read_gib['median']:>8.2f} {r.ideal_gib:>6.2f} {r.peak_over_ideal:>10.2f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415  # only the bench environment installs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    models = sorted({r.model for r in rows})
+    figure, axes = plt.subplots(2, len(models), figsize=(5 * len(models), 8), squeeze=False)
+    for column, model in enumerate(models):
+        for case in CASES:
+            points = sorted((r.ranks, r) for r in rows if r.model == model and r.case == case.label and not r.error)
+            if not points:
+                continue
+            ranks = [n for n, _ in points]
+            axes[0][column].plot(ranks, [r.peak_gib["median"] for _, r in points], marker="o", label=case.label)
+            axes[1][column].plot(ranks, [r.seconds["median"] for _, r in points], marker="o", label=case.label)
+        ideal = sorted({(r.ranks, r.ideal_gib) for r in rows if r.model == model and "EPMeta" in r.case})
+        if ideal:
+            axes[0][column].plot(*zip(*ideal, strict=True), linestyle="--", color="grey", label="ideal (EPMeta)")
+        axes[0][column].set_title(f"{model}: peak RSS per rank (GiB)")
+        axes[1][column].set_title(f"{model}: from_pretrained (s, slowest rank)")
+        for axis in (axes[0][column], axes[1][column]):
+            axis.set_xlabel("ranks")
+            axis.set_xticks(sorted({r.ranks for r in rows}))
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("bench", help="time and peak memory per rank of from_pretrained, every policy")
+    parser.add_argument("--smoke", action="store_true", help="tiny models at 2 ranks, once: proves the bench works")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    parser.add_argument("--timeout", type=float, default=300.0, help="bound on each launch, in seconds")
+    parser.add_argument("--patches", type=Path, default=Path("patches"))
+    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    started = time.monotonic()
+    repeats = 1 if args.smoke else args.repeats
+    rows = bench(args.out, args.patches, args.cache, smoke=args.smoke, repeats=repeats, timeout=args.timeout)
+    (args.out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    plot(rows, args.out / "bench.png")
+    table = render_table(rows)
+    (args.out / "bench.txt").write_text(table + "\n", encoding="utf-8")
+    failed = [r for r in rows if r.error]
+    print(table)
+    print(
+        f"{len(rows)} rows in {time.monotonic() - started:.0f}s: {args.out / 'bench.json'}, {args.out / 'bench.png'}"
+    )
+    if failed:
+        raise BenchFailedError(f"{len(failed)} benchmark cases failed: see the table above")
+    return "benchmark done"
+
+
+class BenchFailedError(RuntimeError):
+    """A benchmark launch failed or selected another policy than its case."""

@@ -1,0 +1,138 @@
+"""One rank of a benchmark launch: `python -m loadpolicy.bench.worker SPEC OUT` under torchrun.
+
+Measures `from_pretrained` on this rank: wall time, peak RSS split into anonymous and file-backed memory (sampled every
+5 ms, plus the kernel's own peak, `VmHWM`, reset just before loading), bytes read from storage (`/proc/self/io`; the
+orchestrator evicts the checkpoint from the page cache before each launch), and the bytes of the parameters this rank
+holds afterwards. Memory-mapped weights that loading never touched are not resident yet, so after loading every
+parameter is read once and the resident memory measured again ("held"). With SPEC["policy"] == "baseline" nothing is
+loaded: the RSS of a process that imported everything and joined the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _status() -> dict[str, int]:
+    """Resident memory of this process in bytes: anonymous, file-backed, shared, and the kernel's peak."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem", "VmHWM", "VmRSS"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def _io() -> dict[str, int]:
+    pairs = (line.split(":") for line in Path("/proc/self/io").read_text(encoding="utf-8").splitlines())
+    return {key: int(value) for key, value in pairs}
+
+
+class PeakSampler:
+    """Track the largest anonymous, file-backed and total RSS seen while running."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.peak = {"anon": 0, "file": 0, "total": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            time.sleep(interval)
+
+    def sample(self) -> None:
+        status = _status()
+        anon, file = status["RssAnon"], status["RssFile"] + status["RssShmem"]
+        self.peak = {
+            "anon": max(self.peak["anon"], anon),
+            "file": max(self.peak["file"], file),
+            "total": max(self.peak["total"], anon + file),
+        }
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def _local(param: Any) -> Any:
+    """The part of `param` this rank holds: ZeRO-3's partition, a DTensor's local shard, or the tensor."""
+    if hasattr(param, "ds_tensor"):
+        return param.ds_tensor
+    return param.to_local() if hasattr(param, "to_local") else param.data
+
+
+def _load(spec: dict[str, Any], world: int) -> Any:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from transformers import DistributedConfig  # noqa: PLC0415
+
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16}
+    if spec["ep"]:
+        kwargs["distributed_config"] = DistributedConfig(tp_size=world, ep_size=world)
+    if spec["requested"]:
+        kwargs["load_policy"] = spec["requested"]
+    return getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: F401, PLC0415  # the baseline imports everything a load imports
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+    keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
+    import deepspeed  # noqa: PLC0415
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    torch.distributed.barrier()  # every rank starts loading together
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    before = _status()
+    io_before = _io()
+    start = time.perf_counter()
+    with PeakSampler() as sampler:
+        model = None if spec["policy"] == "baseline" else _load(spec, world)
+    seconds = time.perf_counter() - start
+    io_after = _io()
+    peak_hwm = _status()["VmHWM"]
+    owned = 0
+    if model is not None:
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                local = _local(tensor)
+                owned += local.numel() * local.element_size()
+                local.float().sum()  # touch: memory-mapped pages become resident
+    held = _status()
+    result = {
+        "rank": rank,
+        "policy": type(getattr(model, "_load_policy", None)).__name__ if model is not None else "baseline",
+        "seconds": seconds,
+        "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
+        "peak_anon": sampler.peak["anon"],
+        "peak_file": sampler.peak["file"],
+        "peak_total": max(sampler.peak["total"], peak_hwm),
+        "held_anon": held["RssAnon"],
+        "held_file": held["RssFile"] + held["RssShmem"],
+        "read_bytes": io_after["read_bytes"] - io_before["read_bytes"],
+        "rchar": io_after["rchar"] - io_before["rchar"],
+        "owned_bytes": owned,
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
