@@ -98,7 +98,7 @@ class Row:
     peak_gib: dict[str, float]  # largest per-rank peak RSS (anonymous + file-backed), per repeat
     peak_anon_gib: dict[str, float]
     peak_file_gib: dict[str, float]
-    held_gib: dict[str, float]  # after loading and touching every parameter
+    held_gib: dict[str, float]  # resident after loading and touching every parameter
     read_gib: dict[str, float]  # bytes read from storage, summed over ranks
     ideal_gib: float  # largest per-rank (owned bytes + baseline RSS)
     peak_over_ideal: float
@@ -122,7 +122,7 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         peak_gib=peak,
         peak_anon_gib=per_repeat("peak_anon"),
         peak_file_gib=per_repeat("peak_file"),
-        held_gib=per_repeat("held_anon"),
+        held_gib=per_repeat("held_total"),
         read_gib=per_repeat("read_bytes", sum),
         ideal_gib=ideal,
         peak_over_ideal=peak["median"] / ideal,

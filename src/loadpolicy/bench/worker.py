@@ -125,6 +125,7 @@ def main(spec_path: str, out_dir: str) -> None:
         "peak_file": sampler.peak["file"],
         "peak_total": max(sampler.peak["total"], peak_hwm),
         "held_anon": held["RssAnon"],
+        "held_total": held["RssAnon"] + held["RssFile"] + held["RssShmem"],
         "held_file": held["RssFile"] + held["RssShmem"],
         "read_bytes": io_after["read_bytes"] - io_before["read_bytes"],
         "rchar": io_after["rchar"] - io_before["rchar"],
