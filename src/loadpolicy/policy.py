@@ -271,6 +271,8 @@ def explain_selection(inputs: LoadInputs) -> tuple[LoadPolicy, str]:
         default, reason = MetaShardOnRead(quantized=inputs.quantized), "no ZeRO-3 config is active"
     elif sizes.expert_parallel:
         default, reason = EPMeta(ep_size=sizes.ep), f"EP (ep_size={sizes.ep}) under ZeRO-3 must shard experts on read"
+        if sizes.dp_replicate > 1:
+            reason += f"; ZeRO-3 owns the {sizes.dp_replicate} data-parallel replicas"
     elif inputs.quantized:
         default = MetaShardOnRead(zero3_enabled=True, quantized=True)
         reason = "a quantized model cannot be built under zero.Init"
@@ -313,11 +315,13 @@ def _refuse_impossible(inputs: LoadInputs) -> None:
     sizes = inputs.sizes
     if not inputs.zero3_enabled:
         return
-    if sizes.dp > 1:
+    # With EP, DeepSpeed owns the dp_replicate replicas (world = dp x ep); FSDP2 never runs under ZeRO-3.
+    if sizes.fsdp > 1 or (sizes.dp_replicate > 1 and not sizes.expert_parallel):
         raise LoadPolicyError(
             f"DeepSpeed ZeRO-3 cannot be combined with FSDP2 data parallelism (fsdp_size={sizes.fsdp}, "
             f"dp_replicate_size={sizes.dp_replicate}): both would shard the same parameters. Accepted under ZeRO-3: "
-            "fsdp_size=1 and dp_replicate_size=1 (ZeRO-3 owns data parallelism); or drop the DeepSpeed config."
+            "fsdp_size=1, and dp_replicate_size=1 unless ep_size > 1 (then ZeRO-3 owns the dp_replicate_size "
+            "data-parallel replicas); or drop the DeepSpeed config."
         )
     if sizes.pp > 1:
         raise LoadPolicyError(

@@ -153,7 +153,8 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
     # Under ZeRO-3 a device_map is refused unless EP's mesh bound it; without ZeRO-3 nothing changes.
     if load_inputs.zero3_enabled:
         assert policy.device_map in (DeviceMapRule.REFUSE, DeviceMapRule.ADMIT_MESH_BOUND)
-        assert load_inputs.sizes.dp == 1
+        assert load_inputs.sizes.fsdp == 1
+        assert load_inputs.sizes.dp_replicate == 1 or isinstance(policy, EPMeta)
     else:
         assert policy.device_map is DeviceMapRule.PASS_THROUGH
     # The ZeRO-3 loader, its buffer skip and gathered init always travel together with zero.Init.

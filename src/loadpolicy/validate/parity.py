@@ -53,10 +53,12 @@ class ParityCase:
     # "adamw" (what users train with) or "sgd": Adam is nearly invariant to a gradient's scale, SGD is not, so only
     # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
     optimizer: str = "adamw"
+    dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
 
     @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
+        extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
@@ -103,6 +105,7 @@ def run_parity(
         "steps": case.trainer.steps,
         "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
         "optimizer": case.optimizer,
+        "dp": case.dp,
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
@@ -133,7 +136,7 @@ def run_parity(
     errors = [f"rank {rank}: {r['error'][:300]}" for rank, r in enumerate(results) if "error" in r]
     if errors:
         return _outcome(case, start, errors)
-    problems, loss_rel, weight_rel = _compare(single, results)
+    problems, loss_rel, weight_rel = _compare(single, results, case.dp)
     if case.checkpoint:
         problems += _checkpoint_problems(results)
     detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
@@ -156,30 +159,36 @@ def _outcome(
     return ParityOutcome(case, time.monotonic() - start, passed, text, loss_rel, weight_rel)
 
 
-def _compare(single: dict[str, Any], results: list[dict[str, Any]]) -> tuple[list[str], float, float]:
-    """Every rank against the single process: policy, expert shards kept, losses and final weights."""
+def _compare(single: dict[str, Any], results: list[dict[str, Any]], dp: int = 1) -> tuple[list[str], float, float]:
+    """Every rank against the single process: policy, expert shards kept, losses and final weights.
+
+    With `dp` replicas (world = dp x ep) the single process trained on the replicas' micro-batches concatenated: its
+    loss is the mean of the replicas' losses, and rank r holds expert slice r % ep.
+    """
     import torch  # noqa: PLC0415
 
     problems: list[str] = []
     loss_rel = weight_rel = 0.0
     worst = ""
     reference_losses = torch.tensor(single["losses"])
+    ep = len(results) // dp
     for rank, result in enumerate(results):
         problems += _handover_problems(rank, result)
         if len(result["losses"]) != len(reference_losses):
             problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
-            continue
-        loss_rel = max(loss_rel, _relative(torch.tensor(result["losses"]), reference_losses))
+            return problems, loss_rel, weight_rel
         for name, weight in result["weights"].items():
             full = single["weights"][name]
             if name in result["experts"]:
-                n = full.shape[0] // len(results)
-                full = full[rank * n : (rank + 1) * n]
+                n = full.shape[0] // ep
+                full = full[rank % ep * n : (rank % ep + 1) * n]
             if weight.shape != full.shape:
                 problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
                 continue
             if (relative := _relative(weight, full)) > weight_rel:
                 weight_rel, worst = relative, name
+    # Every replica has ep ranks, so the mean over ranks is the mean over replicas.
+    loss_rel = _relative(torch.tensor([result["losses"] for result in results]).mean(dim=0), reference_losses)
     if loss_rel > MAX_RELATIVE_DIFF:
         problems.append(f"losses differ by {loss_rel:.2e} (relative)")
     if weight_rel > MAX_RELATIVE_DIFF:

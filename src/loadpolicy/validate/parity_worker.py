@@ -32,11 +32,16 @@ Stage = Callable[[str], None]
 MICRO_BATCH = 2
 
 
-def _batches(steps: int) -> list[Any]:
-    """One distinct fixed batch per step (the same on every rank: the ranks of an EP group share the batch)."""
-    return [
-        torch.randint(0, 64, (MICRO_BATCH, 8), generator=torch.Generator().manual_seed(step)) for step in range(steps)
-    ]
+def _batches(spec: dict[str, Any], steps: int) -> list[Any]:
+    """One fixed global batch per step: `dp` micro-batches of MICRO_BATCH rows, one per data-parallel replica."""
+    rows = MICRO_BATCH * spec["dp"]
+    return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in range(steps)]
+
+
+def _replica(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
+    """This rank's micro-batch: the ranks of one EP group (one replica) share it."""
+    replica = rank // (world // spec["dp"])
+    return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
 
 
 def _freeze(model: Any, frozen: list[str]) -> None:
@@ -70,7 +75,7 @@ def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     _freeze(model, spec["frozen"])
     optimizer = _optimizer(model, spec)
     losses = []
-    for step, ids in enumerate(_batches(spec["steps"])):
+    for step, ids in enumerate(_batches(spec, spec["steps"])):
         stage(f"step {step}")
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -85,8 +90,11 @@ def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
 def _load_ep(spec: dict[str, Any], world: int) -> Any:
     from transformers import DistributedConfig  # noqa: PLC0415
 
+    ep = world // spec["dp"]
+    # world = dp x ep: ZeRO-3 owns the dp replicas, experts are sharded over the ep ranks of each
+    sizes = {"tp_size": ep, "ep_size": ep} | ({"dp_replicate_size": spec["dp"]} if spec["dp"] > 1 else {})
     model = getattr(transformers, spec["model_class"]).from_pretrained(
-        spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(tp_size=world, ep_size=world)
+        spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(**sizes)
     )
     model.train()
     _freeze(model, spec["frozen"])
@@ -134,6 +142,7 @@ def _engine(spec: dict[str, Any], world: int, stage: Stage) -> tuple[Any, dict[s
 
 
 def _train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) -> list[float]:
+    """Train on `batches` (this rank's micro-batches)."""
     losses = []
     for step, ids in enumerate(batches, start=first):
         stage(f"step {step}")
@@ -151,7 +160,8 @@ def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     keep_alive = HfDeepSpeedConfig(_ds_config(spec, world))  # noqa: F841  # held by a weak reference
     engine, loaded = _engine(spec, world, stage)
     result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
-    batches = _batches(spec["steps"] + 1)
+    rank = int(os.environ["RANK"])
+    batches = [_replica(batch, spec, rank, world) for batch in _batches(spec, spec["steps"] + 1)]
     result["losses"] = _train_engine(engine, batches[:-1], stage)
     stage("gather")
     result["weights"] = _gathered(engine.module)
@@ -203,8 +213,9 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     engine, optimizer = accelerator.prepare(model, _optimizer(model, spec))
     result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
     losses = []
-    for step, ids in enumerate(_batches(spec["steps"])):
+    for step, batch in enumerate(_batches(spec, spec["steps"])):
         stage(f"step {step}")
+        ids = _replica(batch, spec, accelerator.process_index, world)
         loss = engine(input_ids=ids, labels=ids).loss
         accelerator.backward(loss)
         optimizer.step()
@@ -254,7 +265,8 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
             # The Trainer has wrapped the model in DeepSpeed by now, before the first step.
             unchanged.update(_unchanged(loaded, model))
 
-    rows = [{"input_ids": ids[i], "labels": ids[i]} for ids in _batches(spec["steps"]) for i in range(MICRO_BATCH)]
+    # Sequential, in order: the Trainer hands replica d the d-th micro-batch of each global batch.
+    rows = [{"input_ids": row, "labels": row} for batch in _batches(spec, spec["steps"]) for row in batch]
     trainer = RecordingTrainer(model=model, args=args, train_dataset=rows, callbacks=[ExpertCheck()])
     stage("trainer.train")
     trainer.train()

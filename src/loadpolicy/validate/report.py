@@ -54,6 +54,7 @@ def render_table(outcomes: list[RunOutcome]) -> str:
 def _parity_row(p: ParityOutcome) -> tuple[str, ...]:
     c = p.case
     extra = ", frozen + save/reload" if c.checkpoint else ""
+    extra += f", dp {c.dp} x ep {c.ranks // c.dp}" if c.dp > 1 else ""
     return (
         str(c.tree),
         c.arch,

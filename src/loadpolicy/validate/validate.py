@@ -61,6 +61,10 @@ PARITY_FULL = (
         for ranks in (2, 4)
     ),
     *(ParityCase(arch, 2, way, tree=Tree.STOCK) for way in Trainer for arch in ("qwen3_moe", "mixtral")),
+    # world = dp x ep: 2 replicas of 2 EP ranks, ZeRO-3 owning data parallelism, each replica on its own micro-batch
+    *(ParityCase(arch, 4, Trainer.DEEPSPEED, clip=clip, dp=2) for arch in ("qwen3_moe", "mixtral") for clip in (0, 1)),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
+    *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2) for arch in ("qwen3_moe", "mixtral")),
 )
 PARITY_FAST = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
@@ -68,6 +72,7 @@ PARITY_FAST = (
     ParityCase("mixtral", 2, Trainer.ACCELERATE),
     ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
 )
 
 
