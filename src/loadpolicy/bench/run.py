@@ -223,6 +223,7 @@ def plot(rows: list[Row], path: Path) -> None:
             axis.set_xlabel("ranks")
             axis.set_xticks(sorted({r.ranks for r in rows}))
             axis.grid(alpha=0.3)
+            axis.set_ylim(bottom=0)
             axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -73,9 +73,8 @@ def _local(param: Any) -> Any:
     return param.to_local() if hasattr(param, "to_local") else param.data
 
 
-def _load(spec: dict[str, Any], world: int) -> Any:
+def _load(spec: dict[str, Any], world: int, model_class: Any) -> Any:
     import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16}
@@ -83,12 +82,12 @@ def _load(spec: dict[str, Any], world: int) -> Any:
         kwargs["distributed_config"] = DistributedConfig(tp_size=world, ep_size=world)
     if spec["requested"]:
         kwargs["load_policy"] = spec["requested"]
-    return getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
+    return model_class.from_pretrained(spec["checkpoint"], **kwargs)
 
 
 def main(spec_path: str, out_dir: str) -> None:
     import torch  # noqa: PLC0415
-    import transformers  # noqa: F401, PLC0415  # the baseline imports everything a load imports
+    import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
@@ -98,13 +97,15 @@ def main(spec_path: str, out_dir: str) -> None:
     import deepspeed  # noqa: PLC0415
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
+    model_class = getattr(transformers, spec["model_class"]) if spec["policy"] != "baseline" else None
     torch.distributed.barrier()  # every rank starts loading together
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     before = _status()
     io_before = _io()
     start = time.perf_counter()
     with PeakSampler() as sampler:
-        model = None if spec["policy"] == "baseline" else _load(spec, world)
+        model = None if model_class is None else _load(spec, world, model_class)
     seconds = time.perf_counter() - start
     io_after = _io()
     peak_hwm = _status()["VmHWM"]
