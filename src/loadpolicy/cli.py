@@ -13,6 +13,7 @@ from loadpolicy import doctor
 from loadpolicy.bench import run as bench_command
 from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
+from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     upstream_commands.add_parsers(subparsers)
     validate_command.add_parser(subparsers)
     bench_command.add_parser(subparsers)
+    plan_command.add_parser(subparsers)
     return parser
 
 

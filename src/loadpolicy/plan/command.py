@@ -1,0 +1,120 @@
+"""`loadpolicy plan`: predict one launch's loading cost, calibrate the model against the benchmark, project it.
+
+- `loadpolicy plan launch --model Qwen3-30B-A3B --policy EPMeta --ranks 4 --ep 4 --device gpu` (or `--config
+  config.json`): per-rank figures with the reason for each.
+- `loadpolicy plan calibrate --bench build/bench`: predictions beside the benchmark's measurements, with the ratio.
+- `loadpolicy plan project --out build/plan`: the published MoE models at 4 to 64 ranks, every policy: table + plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.plan.calibrate import calibrate, render_calibration
+from loadpolicy.plan.configs import PUBLISHED, published_config
+from loadpolicy.plan.cost import Device, Launch, Plan, predict
+from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
+from loadpolicy.plan.project import plot_projection, project, render_projection
+from loadpolicy.policy import PolicyName, parse_policy_name
+
+
+GIB = 1024**3
+
+
+def render_plan(plan: Plan, baseline: int = 0) -> str:
+    inv, launch = plan.inventory, plan.launch
+    lines = [
+        f"{inv.model_type}: {inv.parameters / 1e9:.2f}B parameters in {inv.dtype} = {inv.total_bytes / GIB:.2f} GiB "
+        f"(dense {inv.dense_bytes / GIB:.2f}, experts {inv.expert_bytes / GIB:.2f}, {inv.num_experts} experts)",
+        f"{launch.policy} on {launch.ranks} {launch.device} ranks, ep={launch.ep}, tp={launch.tp}, dp={launch.dp}"
+        + (f"; host figures include a baseline of {baseline / GIB:.2f} GiB" if baseline else ""),
+    ]
+    bottleneck = plan.bottleneck(baseline)
+    for cost in plan.ranks:
+        mark = "  <- bottleneck" if cost is bottleneck and len(plan.ranks) > 1 else ""
+        lines.append(f"rank(s) {cost.ranks}:{mark}")
+        figures = [
+            ("reads", cost.read),
+            ("peak host anonymous", cost.peak_anon),
+            ("peak host file-backed", cost.peak_file),
+            ("peak device", cost.peak_device),
+            ("held after from_pretrained", cost.held),
+        ]
+        if cost.held_after_deepspeed is not None:
+            figures.append(("held after deepspeed.initialize", cost.held_after_deepspeed))
+        lines += [f"  {label:<32} {fig.nbytes / GIB:>9.2f} GiB  {fig.why}" for label, fig in figures]
+        lines.append(f"  {'peak host total':<32} {cost.peak_host(baseline) / GIB:>9.2f} GiB")
+    return "\n".join(lines)
+
+
+def _run_launch(args: argparse.Namespace) -> str:
+    config = published_config(args.model) if args.model else args.config
+    inventory = inventory_from_config(config, args.dtype)
+    launch = Launch(
+        ranks=args.ranks,
+        policy=parse_policy_name(args.policy),
+        ep=args.ep,
+        tp=args.tp,
+        device=Device(args.device),
+        per_expert_keys=not args.fused_checkpoint,
+        zero3=args.zero3,
+    )
+    plan = predict(launch, inventory)
+    if args.json:
+        return json.dumps({"launch": asdict(launch), "ranks": [asdict(r) for r in plan.ranks]}, indent=2)
+    return render_plan(plan, int(args.baseline_gib * GIB))
+
+
+def _run_calibrate(args: argparse.Namespace) -> str:
+    rows = calibrate(args.bench)
+    text = render_calibration(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "calibration.md").write_text(text + "\n", encoding="utf-8")
+    (args.out / "calibration.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    return text
+
+
+def _run_project(args: argparse.Namespace) -> str:
+    rows = project(tuple(args.models), tuple(args.ranks))
+    text = render_projection(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "projection.md").write_text(text + "\n", encoding="utf-8")
+    (args.out / "projection.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    plot_projection(rows, args.out / "projection.png")
+    return text + f"\n\n{args.out / 'projection.md'}, {args.out / 'projection.png'}"
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("plan", help="loading cost model: predict, calibrate against the bench, project")
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
+
+    launch = modes.add_parser("launch", help="per-rank figures for one launch")
+    source = launch.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", choices=sorted(PUBLISHED), help="a published model's hyperparameters")
+    source.add_argument("--config", type=Path, help="a config.json (or a directory holding one)")
+    launch.add_argument("--policy", required=True, help=f"one of {', '.join(PolicyName)}")
+    launch.add_argument("--ranks", type=int, required=True)
+    launch.add_argument("--ep", type=int, default=1)
+    launch.add_argument("--tp", type=int, default=1)
+    launch.add_argument("--zero3", action="store_true", help="MetaShardOnRead under an active ZeRO-3 config")
+    launch.add_argument("--device", choices=[d.value for d in Device], default=Device.GPU.value)
+    launch.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
+    launch.add_argument("--fused-checkpoint", action="store_true", help="experts stored fused (no merge on load)")
+    launch.add_argument("--baseline-gib", type=float, default=0.0, help="host RSS of an idle process, added to peaks")
+    launch.add_argument("--json", action="store_true")
+    launch.set_defaults(handler=_run_launch)
+
+    cal = modes.add_parser("calibrate", help="predictions beside a `loadpolicy bench` run's measurements")
+    cal.add_argument("--bench", type=Path, default=Path("build/bench"), help="the bench's output directory")
+    cal.add_argument("--out", type=Path, default=Path("build/plan"))
+    cal.set_defaults(handler=_run_calibrate)
+
+    proj = modes.add_parser("project", help="published MoE models at 4-64 GPU ranks, every policy")
+    proj.add_argument("--models", nargs="+", choices=sorted(PUBLISHED), default=list(PUBLISHED))
+    proj.add_argument("--ranks", nargs="+", type=int, default=[4, 8, 32, 64])
+    proj.add_argument("--out", type=Path, default=Path("build/plan"))
+    proj.set_defaults(handler=_run_project)

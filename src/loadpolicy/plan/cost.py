@@ -1,0 +1,219 @@
+"""The loading cost model: what `from_pretrained` reads and holds on each rank, per policy, from an inventory alone.
+
+Each figure follows what transformers 5.23.0 (and the series) do while loading, phase by phase:
+
+- Zero3Init: the model is built under `zero.Init`, so each rank holds a 1/W partition of every tensor from the start;
+  rank 0 alone maps the whole checkpoint (`map_location="cpu"`, the others read only headers), merges one converted
+  group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
+  whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in.
+- MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
+  the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
+  per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
+  (file-backed) until loading closes the files.
+
+Figures exclude the baseline (a process that imported everything and loaded nothing); host peaks add it back.
+On a CPU launch "device" memory is host memory, so it is counted in the host's anonymous memory.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from dataclasses import dataclass
+
+from loadpolicy.plan.inventory import Inventory, TensorEntry
+from loadpolicy.policy import LoadPolicyError, PolicyName
+
+
+class Device(enum.StrEnum):
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A launch shape: `ranks` processes; experts split over `ep`, dense tensors split over `tp` (plain EP only)."""
+
+    ranks: int
+    policy: PolicyName
+    ep: int = 1
+    tp: int = 1
+    device: Device = Device.CPU
+    # The checkpoint stores one key per expert (the format of the hub's Qwen3-MoE, Mixtral, DeepSeek-V3): loading
+    # stacks them into the model's fused expert tensors.
+    per_expert_keys: bool = True
+    # MetaShardOnRead only: a ZeRO-3 config is active and the user asked for shard-on-read (dense ZeRO-3), so
+    # deepspeed.initialize partitions what was loaded. Zero3Init and EPMeta always run under ZeRO-3.
+    zero3: bool = False
+
+    @property
+    def under_zero3(self) -> bool:
+        return self.zero3 or self.policy is not PolicyName.META_SHARD_ON_READ
+
+    @property
+    def dp(self) -> int:
+        return self.ranks // self.ep
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    nbytes: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankCost:
+    """One class of ranks that behave alike (rank 0 differs from the rest under Zero3Init)."""
+
+    ranks: str
+    read: Figure  # checkpoint bytes this rank reads (maps and touches)
+    peak_anon: Figure  # host anonymous memory at its peak (includes device memory on a CPU launch)
+    peak_file: Figure  # file-backed checkpoint pages mapped at the peak
+    peak_device: Figure  # accelerator memory at its peak (0 on a CPU launch)
+    held: Figure  # what the rank holds when from_pretrained returns
+    held_after_deepspeed: Figure | None  # after deepspeed.initialize partitions it (None: no DeepSpeed)
+
+    def peak_host(self, baseline: int) -> int:
+        return baseline + self.peak_anon.nbytes + self.peak_file.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    launch: Launch
+    inventory: Inventory
+    ranks: tuple[RankCost, ...]
+
+    def bottleneck(self, baseline: int = 0) -> RankCost:
+        """The rank class with the largest host peak (ties: the most read)."""
+        return max(self.ranks, key=lambda r: (r.peak_host(baseline), r.peak_device.nbytes, r.read.nbytes))
+
+
+def check_launch(launch: Launch, inventory: Inventory) -> None:
+    """Refuse shapes the policy cannot load, naming the value and what is accepted."""
+    if launch.ranks < 1 or launch.ep < 1 or launch.tp < 1:
+        raise LoadPolicyError(f"ranks, ep and tp must be >= 1, got {launch.ranks}, {launch.ep}, {launch.tp}")
+    if launch.ep > 1 and (inventory.num_experts == 0 or inventory.num_experts % launch.ep):
+        raise LoadPolicyError(
+            f"ep={launch.ep} must divide the number of experts ({inventory.num_experts}) of {inventory.model_type}"
+        )
+    if launch.policy is PolicyName.ZERO3_INIT and (launch.ep, launch.tp) != (1, 1):
+        raise LoadPolicyError(f"Zero3Init loads without EP or TP; got ep={launch.ep}, tp={launch.tp} (accepted: 1, 1)")
+    if launch.policy is PolicyName.EP_META and (launch.ep < 2 or launch.ranks % launch.ep or launch.tp != 1):
+        raise LoadPolicyError(
+            f"EPMeta needs ep >= 2 dividing ranks and tp = 1 (dense weights go to ZeRO-3); got ranks={launch.ranks}, "
+            f"ep={launch.ep}, tp={launch.tp}"
+        )
+    if launch.policy is PolicyName.META_SHARD_ON_READ and launch.zero3 and (launch.ep, launch.tp) != (1, 1):
+        raise LoadPolicyError(
+            f"shard-on-read under ZeRO-3 without EP reads whole tensors: ep and tp must be 1, got ep={launch.ep}, "
+            f"tp={launch.tp} (EP under ZeRO-3 is EPMeta)"
+        )
+    if launch.policy is PolicyName.META_SHARD_ON_READ and launch.tp not in (1, launch.ranks):
+        raise LoadPolicyError(
+            f"MetaShardOnRead's TP mesh covers every rank in transformers 5.23.0: tp must be 1 or ranks "
+            f"({launch.ranks}), got {launch.tp}"
+        )
+
+
+def _local(entry: TensorEntry, launch: Launch) -> int:
+    if entry.expert:
+        return entry.nbytes // launch.ep
+    return entry.nbytes // launch.tp if entry.tp_split else entry.nbytes
+
+
+def _largest_module(inventory: Inventory) -> tuple[int, str]:
+    per_module: dict[str, int] = defaultdict(int)
+    for entry in inventory.entries:
+        per_module[entry.module] += entry.nbytes
+    name = max(per_module, key=lambda m: per_module[m])
+    return per_module[name], name
+
+
+def _largest_fused(inventory: Inventory) -> TensorEntry | None:
+    fused = [e for e in inventory.entries if e.fused_experts]
+    return max(fused, key=lambda e: e.nbytes) if fused else None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 1024**3:.2f} GiB"
+
+
+def _zero3_init(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
+    total, world = inventory.total_bytes, launch.ranks
+    partition = total // world
+    gathered, module = _largest_module(inventory)
+    fused = _largest_fused(inventory)
+    # Stacking a layer's per-expert tensors, then concatenating gate and up: two copies of the merged group.
+    merge = 2 * fused.nbytes if fused is not None and launch.per_expert_keys else 0
+    on_device = launch.device is Device.GPU
+    model = Figure(
+        partition + gathered,
+        f"1/{world} partition of every tensor ({_gib(partition)}) plus the largest module gathered whole while "
+        f"rank 0 copies it in ({module}: {_gib(gathered)})",
+    )
+    held = Figure(partition, f"1/{world} ZeRO-3 partition of all {_gib(total)}")
+    merge_why = f"merging one layer's experts on the host: 2 x {_gib(fused.nbytes)}" if merge and fused else ""
+    rank0_anon = Figure(
+        (0 if on_device else model.nbytes) + merge,
+        "; ".join(why for why in ("" if on_device else model.why, merge_why) if why) or "nothing",
+    )
+    zero = Figure(0, "no device on a CPU launch")
+    rank0 = RankCost(
+        ranks="0",
+        read=Figure(total, "the whole checkpoint: only rank 0 reads values under the ZeRO-3 loader"),
+        peak_anon=rank0_anon,
+        peak_file=Figure(total, "the whole checkpoint stays mapped until loading ends"),
+        peak_device=model if on_device else zero,
+        held=held,
+        held_after_deepspeed=held,
+    )
+    if world == 1:
+        return (rank0,)
+    rest = RankCost(
+        ranks=f"1-{world - 1}",
+        read=Figure(0, "headers only (map_location='meta')"),
+        peak_anon=Figure(0, "nothing: its partition is on the device") if on_device else model,
+        peak_file=Figure(0, "nothing mapped"),
+        peak_device=model if on_device else zero,
+        held=held,
+        held_after_deepspeed=held,
+    )
+    return rank0, rest
+
+
+def _shard_on_read(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
+    owned = sum(_local(e, launch) for e in inventory.entries)
+    experts = sum(_local(e, launch) for e in inventory.entries if e.expert)
+    dense = owned - experts
+    fused = _largest_fused(inventory)
+    # Per-expert keys are copied out one by one, then stacked and (gate, up) concatenated: up to two extra copies of
+    # one layer's local expert shard exist at once.
+    stack = 2 * (fused.nbytes // launch.ep) if fused is not None and launch.per_expert_keys else 0
+    split = f"dense {_gib(dense)}" + (f" (TP 1/{launch.tp} where the TP plan splits)" if launch.tp > 1 else "")
+    owned_why = f"{split} + experts {_gib(experts)}" + (f" (1/{launch.ep} by EP)" if launch.ep > 1 else "")
+    read = Figure(owned, f"only what it keeps: {owned_why}")
+    mapped = Figure(owned, "the pages it read stay mapped until loading closes the files")
+    held = Figure(owned, owned_why)
+    on_device = launch.device is Device.GPU
+    why_stack = f"; stacking one layer's local experts: {_gib(stack)}" if stack else ""
+    if on_device:
+        anon = Figure(stack, "host staging of one layer's local experts" if stack else "one tensor at a time")
+        device = Figure(owned + stack, owned_why + why_stack)
+    else:
+        anon = Figure(owned + stack, owned_why + why_stack)
+        device = Figure(0, "no device on a CPU launch")
+    after = (
+        Figure(inventory.total_bytes // launch.ranks, f"ZeRO-3 partitions everything over {launch.ranks} ranks")
+        if launch.under_zero3
+        else None
+    )
+    return (RankCost("all", read, anon, mapped, device, held, after),)
+
+
+def predict(launch: Launch, inventory: Inventory) -> Plan:
+    """Per-rank figures for loading `inventory` with `launch`: read, peaks, held, with the reason for each."""
+    check_launch(launch, inventory)
+    ranks = (
+        _zero3_init(launch, inventory) if launch.policy is PolicyName.ZERO3_INIT else _shard_on_read(launch, inventory)
+    )
+    return Plan(launch, inventory, ranks)

@@ -1,0 +1,122 @@
+"""Projection: the published MoE models on 4 to 64 GPU ranks under every policy, from the calibrated cost model.
+
+Launch shapes are the ones users run: Zero3Init is stock dense ZeRO-3 over every rank; MetaShardOnRead is plain EP
+as transformers 5.23.0 spells it (`DistributedConfig(tp_size=R, ep_size=R)`, no DeepSpeed); EPMeta is EP within a
+node of 8 GPUs (ep = min(R, 8)) with ZeRO-3 over the data-parallel replicas (world = dp x ep). Figures are per rank,
+above the baseline of an idle process, for the bottleneck rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadpolicy.plan.configs import published_config
+from loadpolicy.plan.cost import Device, Launch, predict
+from loadpolicy.plan.inventory import Inventory, inventory_from_config
+from loadpolicy.policy import PolicyName
+
+
+GIB = 1024**3
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionRow:
+    model: str
+    parameters: int
+    policy: str
+    ranks: int
+    ep: int
+    tp: int
+    bottleneck: str
+    read_gib: float
+    peak_host_gib: float
+    peak_host_file_gib: float
+    peak_device_gib: float
+    held_gib: float
+    held_after_deepspeed_gib: float | None
+
+
+def launch_for(policy: PolicyName, ranks: int) -> Launch:
+    if policy is PolicyName.ZERO3_INIT:
+        return Launch(ranks, policy, device=Device.GPU)
+    if policy is PolicyName.META_SHARD_ON_READ:
+        return Launch(ranks, policy, ep=ranks, tp=ranks, device=Device.GPU)
+    return Launch(ranks, policy, ep=min(ranks, GPUS_PER_NODE), device=Device.GPU)
+
+
+def project_inventory(name: str, inventory: Inventory, ranks: tuple[int, ...]) -> list[ProjectionRow]:
+    rows = []
+    for policy in PolicyName:
+        for count in ranks:
+            plan = predict(launch_for(policy, count), inventory)
+            cost = plan.bottleneck()
+            after = cost.held_after_deepspeed
+            rows.append(
+                ProjectionRow(
+                    model=name,
+                    parameters=inventory.parameters,
+                    policy=str(policy),
+                    ranks=count,
+                    ep=plan.launch.ep,
+                    tp=plan.launch.tp,
+                    bottleneck=cost.ranks,
+                    read_gib=cost.read.nbytes / GIB,
+                    peak_host_gib=cost.peak_host(0) / GIB,
+                    peak_host_file_gib=cost.peak_file.nbytes / GIB,
+                    peak_device_gib=cost.peak_device.nbytes / GIB,
+                    held_gib=cost.held.nbytes / GIB,
+                    held_after_deepspeed_gib=None if after is None else after.nbytes / GIB,
+                )
+            )
+    return rows
+
+
+def project(models: tuple[str, ...], ranks: tuple[int, ...]) -> list[ProjectionRow]:
+    rows = []
+    for name in models:
+        rows += project_inventory(name, inventory_from_config(published_config(name)), ranks)
+    return rows
+
+
+def render_projection(rows: list[ProjectionRow]) -> str:
+    lines = [
+        "| model | policy | ranks | ep x tp | bottleneck rank | reads GiB | peak host GiB (file-backed) "
+        "| peak GPU GiB | held GiB | after deepspeed.initialize GiB |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        after = "-" if r.held_after_deepspeed_gib is None else f"{r.held_after_deepspeed_gib:.2f}"
+        lines.append(
+            f"| {r.model} ({r.parameters / 1e9:.0f}B) | {r.policy} | {r.ranks} | {r.ep} x {r.tp} | {r.bottleneck} "
+            f"| {r.read_gib:.1f} | {r.peak_host_gib:.1f} ({r.peak_host_file_gib:.1f}) | {r.peak_device_gib:.1f} "
+            f"| {r.held_gib:.1f} | {after} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_projection(rows: list[ProjectionRow], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415  # only the bench environment installs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    figure, axes = plt.subplots(2, len(models), figsize=(5 * len(models), 8), squeeze=False)
+    for column, model in enumerate(models):
+        for policy in PolicyName:
+            points = sorted((r.ranks, r) for r in rows if r.model == model and r.policy == policy)
+            ranks = [n for n, _ in points]
+            axes[0][column].plot(ranks, [r.peak_host_gib for _, r in points], marker="o", label=str(policy))
+            axes[1][column].plot(ranks, [r.peak_device_gib for _, r in points], marker="o", label=str(policy))
+        axes[0][column].set_title(f"{model}: peak host RSS, bottleneck rank (GiB)")
+        axes[1][column].set_title(f"{model}: peak GPU memory per rank (GiB)")
+        for axis in (axes[0][column], axes[1][column]):
+            axis.set_xscale("log", base=2)
+            axis.set_yscale("log")
+            axis.set_xlabel("ranks (GPUs)")
+            axis.grid(alpha=0.3, which="both")
+            axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,135 @@
+"""The loading cost model on hand-built inventories: every figure follows from the tensors and the launch shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadpolicy.plan.calibrate import CalibrationRow, launch_for_case
+from loadpolicy.plan.cost import Device, Launch, check_launch, predict
+from loadpolicy.plan.inventory import Inventory, TensorEntry
+from loadpolicy.plan.project import launch_for, project_inventory
+from loadpolicy.policy import LoadPolicyError, PolicyName
+
+
+# Two layers: attention split by TP (4 KiB each), a norm (100 B), fused experts (8 experts; 64 KiB gate_up, 32 KiB
+# down), and an embedding split by TP.
+def _layer(i: int) -> tuple[TensorEntry, ...]:
+    prefix = f"model.layers.{i}"
+    return (
+        TensorEntry(f"{prefix}.self_attn.q_proj.weight", (32, 64), 4096, False, True, f"{prefix}.self_attn.q_proj"),
+        TensorEntry(f"{prefix}.input_layernorm.weight", (50,), 100, False, False, f"{prefix}.input_layernorm"),
+        TensorEntry(f"{prefix}.mlp.experts.gate_up_proj", (8, 64, 64), 65536, True, False, f"{prefix}.mlp.experts"),
+        TensorEntry(f"{prefix}.mlp.experts.down_proj", (8, 32, 64), 32768, True, False, f"{prefix}.mlp.experts"),
+    )
+
+
+INVENTORY = Inventory(
+    model_type="toy_moe",
+    dtype="bfloat16",
+    num_experts=8,
+    entries=(
+        TensorEntry("model.embed_tokens.weight", (64, 128), 16384, False, True, "model.embed_tokens"),
+        *_layer(0),
+        *_layer(1),
+    ),
+)
+DENSE = 16384 + 2 * (4096 + 100)
+EXPERTS = 2 * (65536 + 32768)
+TOTAL = DENSE + EXPERTS
+
+
+def test_inventory_totals_split_dense_and_experts() -> None:
+    assert (INVENTORY.dense_bytes, INVENTORY.expert_bytes, INVENTORY.total_bytes) == (DENSE, EXPERTS, TOTAL)
+    assert INVENTORY.parameters == TOTAL // 2
+
+
+def test_inventory_round_trips_through_json() -> None:
+    assert Inventory.from_json(INVENTORY.to_json()) == INVENTORY
+
+
+def test_zero3_init_rank0_reads_everything_others_read_nothing() -> None:
+    plan = predict(Launch(4, PolicyName.ZERO3_INIT), INVENTORY)
+    rank0, rest = plan.ranks
+    assert (rank0.read.nbytes, rest.read.nbytes) == (TOTAL, 0)
+    assert rank0.peak_file.nbytes == TOTAL
+    # partition + the largest module (the experts of one layer) gathered whole, + two copies of a merged gate_up
+    assert rest.peak_anon.nbytes == TOTAL // 4 + 65536 + 32768
+    assert rank0.peak_anon.nbytes == rest.peak_anon.nbytes + 2 * 65536
+    assert rank0.held.nbytes == rest.held.nbytes == TOTAL // 4
+    assert plan.bottleneck() is rank0
+
+
+def test_zero3_init_on_gpu_puts_the_partition_on_the_device() -> None:
+    rank0, rest = predict(Launch(4, PolicyName.ZERO3_INIT, device=Device.GPU), INVENTORY).ranks
+    assert rest.peak_anon.nbytes == 0
+    assert rest.peak_device.nbytes == TOTAL // 4 + 65536 + 32768
+    assert rank0.peak_anon.nbytes == 2 * 65536  # only the host-side merge
+
+
+def test_fused_checkpoint_needs_no_merge() -> None:
+    rank0, rest = predict(Launch(2, PolicyName.ZERO3_INIT, per_expert_keys=False), INVENTORY).ranks
+    assert rank0.peak_anon.nbytes == rest.peak_anon.nbytes
+
+
+def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
+    (cost,) = predict(Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=4), INVENTORY).ranks
+    owned = 16384 // 4 + 2 * (4096 // 4 + 100) + EXPERTS // 4
+    assert cost.read.nbytes == cost.held.nbytes == cost.peak_file.nbytes == owned
+    assert cost.peak_anon.nbytes == owned + 2 * (65536 // 4)
+    assert cost.held_after_deepspeed is None  # no DeepSpeed
+
+
+def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
+    (cost,) = predict(Launch(4, PolicyName.EP_META, ep=2), INVENTORY).ranks
+    assert cost.held.nbytes == DENSE + EXPERTS // 2
+    assert cost.held_after_deepspeed is not None
+    assert cost.held_after_deepspeed.nbytes == TOTAL // 4
+
+
+def test_dense_zero3_shard_on_read_reads_everything_on_every_rank() -> None:
+    (cost,) = predict(Launch(4, PolicyName.META_SHARD_ON_READ, zero3=True), INVENTORY).ranks
+    assert cost.read.nbytes == cost.held.nbytes == TOTAL
+    assert cost.held_after_deepspeed is not None
+    assert cost.held_after_deepspeed.nbytes == TOTAL // 4
+
+
+@pytest.mark.parametrize(
+    ("launch", "names"),
+    [
+        (Launch(4, PolicyName.EP_META, ep=3), "ep=3"),
+        (Launch(4, PolicyName.EP_META, ep=1), "ep=1"),
+        (Launch(6, PolicyName.EP_META, ep=4), "ranks=6"),
+        (Launch(4, PolicyName.ZERO3_INIT, ep=4), "ep=4"),
+        (Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=2), "got 2"),
+        (Launch(4, PolicyName.META_SHARD_ON_READ, ep=2, zero3=True), "ep=2"),
+        (Launch(0, PolicyName.ZERO3_INIT), "got 0"),
+    ],
+)
+def test_impossible_launches_are_refused_naming_the_value(launch: Launch, names: str) -> None:
+    with pytest.raises(LoadPolicyError, match=names):
+        check_launch(launch, INVENTORY)
+
+
+def test_bench_cases_map_to_the_launch_they_run() -> None:
+    assert launch_for_case("Zero3Init (stock)", 2) == Launch(2, PolicyName.ZERO3_INIT)
+    assert launch_for_case("EPMeta: EP under ZeRO-3", 4).ep == 4
+    assert launch_for_case("MetaShardOnRead: dense ZeRO-3", 4).zero3
+    with pytest.raises(ValueError, match="unknown bench case"):
+        launch_for_case("something else", 2)
+
+
+def test_calibration_row_flags_misses_beyond_20_percent() -> None:
+    assert CalibrationRow("m", "c", 2, "peak", 1.19, 1.0).within
+    assert not CalibrationRow("m", "c", 2, "peak", 0.79, 1.0).within
+
+
+def test_projection_uses_the_launch_shapes_users_run() -> None:
+    assert launch_for(PolicyName.EP_META, 64).ep == 8
+    assert launch_for(PolicyName.EP_META, 4).ep == 4
+    assert launch_for(PolicyName.META_SHARD_ON_READ, 8).tp == 8
+    rows = project_inventory("toy", INVENTORY, (2, 4, 8))
+    assert len(rows) == 3 * 3
+    zero3 = {r.ranks: r for r in rows if r.policy == "Zero3Init"}
+    assert zero3[8].read_gib == zero3[2].read_gib  # rank 0 reads the whole checkpoint at any scale
+    ep_meta = {r.ranks: r for r in rows if r.policy == "EPMeta"}
+    assert ep_meta[8].read_gib < ep_meta[2].read_gib
