@@ -7,7 +7,7 @@ import pytest
 from loadpolicy.plan.calibrate import CalibrationRow, launch_for_case
 from loadpolicy.plan.cost import Device, Launch, check_launch, predict
 from loadpolicy.plan.inventory import Inventory, TensorEntry
-from loadpolicy.plan.project import launch_for, project_inventory
+from loadpolicy.plan.project import SHAPES, project_inventory
 from loadpolicy.policy import LoadPolicyError, PolicyName
 
 
@@ -124,12 +124,13 @@ def test_calibration_row_flags_misses_beyond_20_percent() -> None:
 
 
 def test_projection_uses_the_launch_shapes_users_run() -> None:
-    assert launch_for(PolicyName.EP_META, 64).ep == 8
-    assert launch_for(PolicyName.EP_META, 4).ep == 4
-    assert launch_for(PolicyName.META_SHARD_ON_READ, 8).tp == 8
+    shapes = dict(SHAPES)
+    assert shapes["EPMeta (ep = min(R, 8), dp = R / ep)"](64).ep == 8
+    assert shapes["EPMeta (ep = min(R, 8), dp = R / ep)"](4).ep == 4
+    assert shapes["MetaShardOnRead (plain EP, tp = ep = R)"](8).tp == 8
     rows = project_inventory("toy", INVENTORY, (2, 4, 8))
-    assert len(rows) == 3 * 3
+    assert len(rows) == len(SHAPES) * 3
     zero3 = {r.ranks: r for r in rows if r.policy == "Zero3Init"}
     assert zero3[8].read_gib == zero3[2].read_gib  # rank 0 reads the whole checkpoint at any scale
-    ep_meta = {r.ranks: r for r in rows if r.policy == "EPMeta"}
+    ep_meta = {r.ranks: r for r in rows if r.policy == "EPMeta (ep = R)"}
     assert ep_meta[8].read_gib < ep_meta[2].read_gib

@@ -2,12 +2,13 @@
 
 Launch shapes are the ones users run: Zero3Init is stock dense ZeRO-3 over every rank; MetaShardOnRead is plain EP
 as transformers 5.23.0 spells it (`DistributedConfig(tp_size=R, ep_size=R)`, no DeepSpeed); EPMeta is EP within a
-node of 8 GPUs (ep = min(R, 8)) with ZeRO-3 over the data-parallel replicas (world = dp x ep). Figures are per rank,
-above the baseline of an idle process, for the bottleneck rank.
+node of 8 GPUs (ep = min(R, 8)) with ZeRO-3 over the data-parallel replicas (world = dp x ep), or EP over every rank.
+Figures are per rank, above the baseline of an idle process, for the bottleneck rank.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,26 +39,43 @@ class ProjectionRow:
     held_after_deepspeed_gib: float | None
 
 
-def launch_for(policy: PolicyName, ranks: int) -> Launch:
-    if policy is PolicyName.ZERO3_INIT:
-        return Launch(ranks, policy, device=Device.GPU)
-    if policy is PolicyName.META_SHARD_ON_READ:
-        return Launch(ranks, policy, ep=ranks, tp=ranks, device=Device.GPU)
-    return Launch(ranks, policy, ep=min(ranks, GPUS_PER_NODE), device=Device.GPU)
+def _zero3_init(ranks: int) -> Launch:
+    return Launch(ranks, PolicyName.ZERO3_INIT, device=Device.GPU)
+
+
+def _plain_ep(ranks: int) -> Launch:
+    return Launch(ranks, PolicyName.META_SHARD_ON_READ, ep=ranks, tp=ranks, device=Device.GPU)
+
+
+def _ep_meta_node(ranks: int) -> Launch:
+    return Launch(ranks, PolicyName.EP_META, ep=min(ranks, GPUS_PER_NODE), device=Device.GPU)
+
+
+def _ep_meta_world(ranks: int) -> Launch:
+    return Launch(ranks, PolicyName.EP_META, ep=ranks, device=Device.GPU)
+
+
+# (label, launch shape at R ranks): the shapes users run.
+SHAPES: tuple[tuple[str, Callable[[int], Launch]], ...] = (
+    ("Zero3Init", _zero3_init),
+    ("MetaShardOnRead (plain EP, tp = ep = R)", _plain_ep),
+    (f"EPMeta (ep = min(R, {GPUS_PER_NODE}), dp = R / ep)", _ep_meta_node),
+    ("EPMeta (ep = R)", _ep_meta_world),
+)
 
 
 def project_inventory(name: str, inventory: Inventory, ranks: tuple[int, ...]) -> list[ProjectionRow]:
     rows = []
-    for policy in PolicyName:
+    for label, launch_for in SHAPES:
         for count in ranks:
-            plan = predict(launch_for(policy, count), inventory)
+            plan = predict(launch_for(count), inventory)
             cost = plan.bottleneck()
             after = cost.held_after_deepspeed
             rows.append(
                 ProjectionRow(
                     model=name,
                     parameters=inventory.parameters,
-                    policy=str(policy),
+                    policy=label,
                     ranks=count,
                     ep=plan.launch.ep,
                     tp=plan.launch.tp,
@@ -105,11 +123,11 @@ def plot_projection(rows: list[ProjectionRow], path: Path) -> None:
     models = list(dict.fromkeys(r.model for r in rows))
     figure, axes = plt.subplots(2, len(models), figsize=(5 * len(models), 8), squeeze=False)
     for column, model in enumerate(models):
-        for policy in PolicyName:
-            points = sorted((r.ranks, r) for r in rows if r.model == model and r.policy == policy)
+        for label, _ in SHAPES:
+            points = sorted((r.ranks, r) for r in rows if r.model == model and r.policy == label)
             ranks = [n for n, _ in points]
-            axes[0][column].plot(ranks, [r.peak_host_gib for _, r in points], marker="o", label=str(policy))
-            axes[1][column].plot(ranks, [r.peak_device_gib for _, r in points], marker="o", label=str(policy))
+            axes[0][column].plot(ranks, [r.peak_host_gib for _, r in points], marker="o", label=label)
+            axes[1][column].plot(ranks, [r.peak_device_gib for _, r in points], marker="o", label=label)
         axes[0][column].set_title(f"{model}: peak host RSS, bottleneck rank (GiB)")
         axes[1][column].set_title(f"{model}: peak GPU memory per rank (GiB)")
         for axis in (axes[0][column], axes[1][column]):
