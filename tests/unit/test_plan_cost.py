@@ -75,15 +75,27 @@ def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
     (cost,) = predict(Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=4), INVENTORY).ranks
     owned = 16384 // 4 + 2 * (4096 // 4 + 100) + EXPERTS // 4
     assert cost.read.nbytes == cost.held.nbytes == cost.peak_file.nbytes == owned
-    assert cost.peak_anon.nbytes == owned + 2 * (65536 // 4)
+    # everything but the two norms is a copy (TP slices, merged experts), plus one layer's local gate_up while merging
+    assert cost.peak_anon.nbytes == owned - 200 + 65536 // 4
     assert cost.held_after_deepspeed is None  # no DeepSpeed
 
 
 def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
     (cost,) = predict(Launch(4, PolicyName.EP_META, ep=2), INVENTORY).ranks
-    assert cost.held.nbytes == DENSE + EXPERTS // 2
+    assert cost.held.nbytes == cost.read.nbytes == DENSE + EXPERTS // 2
+    # on a CPU launch dense tensors stay views of the mapped file; merged experts are copies
+    assert cost.peak_anon.nbytes == EXPERTS // 2 + 65536 // 2
+    assert cost.peak_file.nbytes == DENSE + EXPERTS // 2
+    assert cost.resident.nbytes == EXPERTS // 2 + DENSE + EXPERTS // 2
     assert cost.held_after_deepspeed is not None
     assert cost.held_after_deepspeed.nbytes == TOTAL // 4
+
+
+def test_ep_meta_on_gpu_holds_on_the_device_and_maps_what_it_read() -> None:
+    (cost,) = predict(Launch(4, PolicyName.EP_META, ep=4, device=Device.GPU), INVENTORY).ranks
+    assert cost.peak_device.nbytes == DENSE + EXPERTS // 4 + 65536 // 4
+    assert (cost.peak_anon.nbytes, cost.resident.nbytes) == (0, 0)
+    assert cost.peak_file.nbytes == DENSE + EXPERTS // 4
 
 
 def test_dense_zero3_shard_on_read_reads_everything_on_every_rank() -> None:

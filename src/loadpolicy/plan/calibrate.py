@@ -74,7 +74,7 @@ def predicted_figures(plan: Plan, base_anon: float, base_file: float) -> dict[st
         "peak total": base_anon + base_file + max(c.peak_anon.nbytes + c.peak_file.nbytes for c in costs),
         "peak anonymous": base_anon + max(c.peak_anon.nbytes for c in costs),
         "peak file-backed": base_file + max(c.peak_file.nbytes for c in costs),
-        "held": base_anon + base_file + max(c.held.nbytes for c in costs),
+        "held": base_anon + base_file + max(c.resident.nbytes for c in costs),
         "reads, all ranks": float(plan.inventory.total_bytes),
     }
 

@@ -43,6 +43,7 @@ def render_plan(plan: Plan, baseline: int = 0) -> str:
             ("peak host file-backed", cost.peak_file),
             ("peak device", cost.peak_device),
             ("held after from_pretrained", cost.held),
+            ("host resident after (touched)", cost.resident),
         ]
         if cost.held_after_deepspeed is not None:
             figures.append(("held after deepspeed.initialize", cost.held_after_deepspeed))

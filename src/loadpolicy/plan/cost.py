@@ -70,7 +70,8 @@ class RankCost:
     peak_anon: Figure  # host anonymous memory at its peak (includes device memory on a CPU launch)
     peak_file: Figure  # file-backed checkpoint pages mapped at the peak
     peak_device: Figure  # accelerator memory at its peak (0 on a CPU launch)
-    held: Figure  # what the rank holds when from_pretrained returns
+    held: Figure  # the bytes of the tensors the rank holds when from_pretrained returns
+    resident: Figure  # host RSS above the baseline then, once every tensor has been touched
     held_after_deepspeed: Figure | None  # after deepspeed.initialize partitions it (None: no DeepSpeed)
 
     def peak_host(self, baseline: int) -> int:
@@ -165,6 +166,7 @@ def _zero3_init(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
         peak_file=Figure(total, "the whole checkpoint stays mapped until loading ends"),
         peak_device=model if on_device else zero,
         held=held,
+        resident=Figure(0 if on_device else partition, "the partition" if not on_device else "nothing on the host"),
         held_after_deepspeed=held,
     )
     if world == 1:
@@ -176,6 +178,7 @@ def _zero3_init(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
         peak_file=Figure(0, "nothing mapped"),
         peak_device=model if on_device else zero,
         held=held,
+        resident=rank0.resident,
         held_after_deepspeed=held,
     )
     return rank0, rest
@@ -185,29 +188,37 @@ def _shard_on_read(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]
     owned = sum(_local(e, launch) for e in inventory.entries)
     experts = sum(_local(e, launch) for e in inventory.entries if e.expert)
     dense = owned - experts
+    # Merged per-expert keys and TP slices are copied out of the mapping; whole tensors stay views of it.
+    copied = sum(_local(e, launch) for e in inventory.entries if _copied(e, launch))
     fused = _largest_fused(inventory)
-    # Per-expert keys are copied out one by one, then stacked and (gate, up) concatenated: up to two extra copies of
-    # one layer's local expert shard exist at once.
-    stack = 2 * (fused.nbytes // launch.ep) if fused is not None and launch.per_expert_keys else 0
+    # Stacking a layer's gate and up pieces, then concatenating them: the pieces and the result coexist, one local
+    # gate_up shard beyond what the rank keeps.
+    stack = fused.nbytes // launch.ep if fused is not None and launch.per_expert_keys else 0
     split = f"dense {_gib(dense)}" + (f" (TP 1/{launch.tp} where the TP plan splits)" if launch.tp > 1 else "")
     owned_why = f"{split} + experts {_gib(experts)}" + (f" (1/{launch.ep} by EP)" if launch.ep > 1 else "")
     read = Figure(owned, f"only what it keeps: {owned_why}")
-    mapped = Figure(owned, "the pages it read stay mapped until loading closes the files")
+    mapped = Figure(owned, "every page it read stays mapped while any loaded tensor is still a view of the file")
     held = Figure(owned, owned_why)
-    on_device = launch.device is Device.GPU
-    why_stack = f"; stacking one layer's local experts: {_gib(stack)}" if stack else ""
-    if on_device:
-        anon = Figure(stack, "host staging of one layer's local experts" if stack else "one tensor at a time")
+    why_stack = f"; merging one layer's local experts: {_gib(stack)}" if stack else ""
+    if launch.device is Device.GPU:
+        anon = Figure(0, "tensors go to the device as they are read")
         device = Figure(owned + stack, owned_why + why_stack)
+        resident = Figure(0, "nothing: the files are closed and every tensor is on the device")
     else:
-        anon = Figure(owned + stack, owned_why + why_stack)
+        copies = f"copies of merged experts and TP slices: {_gib(copied)}; whole tensors stay file-backed views"
+        anon = Figure(copied + stack, copies + why_stack)
         device = Figure(0, "no device on a CPU launch")
+        resident = Figure(copied + owned, "the copies, and the mapped pages they and the views came from")
     after = (
         Figure(inventory.total_bytes // launch.ranks, f"ZeRO-3 partitions everything over {launch.ranks} ranks")
         if launch.under_zero3
         else None
     )
-    return (RankCost("all", read, anon, mapped, device, held, after),)
+    return (RankCost("all", read, anon, mapped, device, held, resident, after),)
+
+
+def _copied(entry: TensorEntry, launch: Launch) -> bool:
+    return (entry.expert and (launch.per_expert_keys or launch.ep > 1)) or (entry.tp_split and launch.tp > 1)
 
 
 def predict(launch: Launch, inventory: Inventory) -> Plan:
