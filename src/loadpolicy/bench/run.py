@@ -4,7 +4,14 @@ Each launch starts from a cold page cache for the checkpoint (its pages are evic
 torchrun on the patched tree (Zero3Init there is stock behaviour), and every rank reports its figures
 (`bench/worker.py`). Per (model, policy, ranks) the report gives the median over repeats, with min and max, of the
 slowest rank's load time and of the largest per-rank peak; the ideal per rank is the bytes it owns after loading plus
-the baseline RSS of a process that imported everything and loaded nothing.
+the baseline: the same process's RSS just before `from_pretrained`, when it has imported everything (the model's module
+included) and loaded nothing. A rank's peak is the larger of the peak sampled during `from_pretrained` and its RSS once
+every loaded tensor has been touched: memory-mapped weights that loading left untouched count too.
+
+Launches run with `MALLOC_MMAP_THRESHOLD_` fixed at 1 MiB. glibc's default raises its mmap threshold after large frees,
+after which the buffers that merging per-expert keys frees stay in the heap: on moe-850m at 2 ranks that varied the
+anonymous peak from run to run between 1.02 and 1.41 GiB (docs/benchmark.md). A fixed threshold makes the figures
+reproducible and shows what the loader itself holds.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from loadpolicy.validate.validate import prebuild_deepspeed_ops, prepare_trees
 
 
 GIB = 1024**3
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1024**2)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +82,8 @@ def _launch(
     worker = ["-m", "loadpolicy.bench.worker", str(out / "spec.json"), str(out)]
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
-    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), tree_env(tree), out / "log", timeout)
+    env = tree_env(tree) | FIXED_MALLOC
+    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), env, out / "log", timeout)
     results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("rank*.json"))]
     if code is None:
         return results, f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
@@ -102,16 +111,25 @@ class Row:
     read_gib: dict[str, float]  # bytes read from storage, summed over ranks
     ideal_gib: float  # largest per-rank (owned bytes + baseline RSS)
     peak_over_ideal: float
+    owned_gib: float = 0.0  # largest per-rank bytes of the tensors it holds
+    baseline_anon_gib: float = 0.0  # RSS before from_pretrained, on the rank with the largest, median over repeats
+    baseline_file_gib: float = 0.0
     error: str | None = None
 
 
-def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list[dict[str, Any]]], base: float) -> Row:
-    def per_repeat(figure: str, combine: Any = max) -> dict[str, float]:
-        return _summary([combine(r[figure] for r in ranks_) / GIB for ranks_ in runs])
+def _peak(rank: dict[str, Any], kind: str) -> float:
+    """The rank's peak of one kind of memory: during loading, or once every loaded tensor was touched."""
+    return float(max(rank[f"peak_{kind}"], rank[f"held_{kind}"]))
+
+
+def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list[dict[str, Any]]]) -> Row:
+    def per_repeat(figure: Any, combine: Any = max) -> dict[str, float]:
+        return _summary([combine(figure(r) for r in ranks_) / GIB for ranks_ in runs])
 
     seconds = _summary([max(r["seconds"] for r in ranks_) for ranks_ in runs])
-    ideal = max(r["owned_bytes"] for r in runs[0]) / GIB + base
-    peak = per_repeat("peak_total")
+    ideal = statistics.median(max(r["owned_bytes"] + r["rss_before"] for r in ranks_) for ranks_ in runs) / GIB
+    peak = per_repeat(lambda r: _peak(r, "total"))
+    before = [max(ranks_, key=lambda r: r["rss_before"]) for ranks_ in runs]
     return Row(
         model=model.name,
         parameters=params,
@@ -120,12 +138,15 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         repeats=len(runs),
         seconds=seconds,
         peak_gib=peak,
-        peak_anon_gib=per_repeat("peak_anon"),
-        peak_file_gib=per_repeat("peak_file"),
-        held_gib=per_repeat("held_total"),
-        read_gib=per_repeat("read_bytes", sum),
+        peak_anon_gib=per_repeat(lambda r: _peak(r, "anon")),
+        peak_file_gib=per_repeat(lambda r: _peak(r, "file")),
+        held_gib=per_repeat(lambda r: r["held_total"]),
+        read_gib=per_repeat(lambda r: r["read_bytes"], sum),
         ideal_gib=ideal,
         peak_over_ideal=peak["median"] / ideal,
+        owned_gib=max(r["owned_bytes"] for r in runs[0]) / GIB,
+        baseline_anon_gib=statistics.median(r["anon_before"] for r in before) / GIB,
+        baseline_file_gib=statistics.median(r["file_before"] for r in before) / GIB,
     )
 
 
@@ -135,17 +156,6 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
     models = SMOKE if smoke else FULL
     rows: list[Row] = []
     for ranks in (2,) if smoke else (2, 4):
-        baseline_runs = []
-        for repeat in range(repeats):
-            spec = {"policy": "baseline", "zero3": True, "ep": False, "requested": None, "checkpoint": ""}
-            results, error = _launch(
-                spec, ranks, trees[Tree.PATCHED], out / "runs" / f"baseline-{ranks}-{repeat}", timeout
-            )
-            if error:
-                raise RuntimeError(f"baseline at {ranks} ranks: {error}")
-            baseline_runs.append(max(r["held_anon"] + r["held_file"] for r in results) / GIB)
-        base = statistics.median(baseline_runs)
-        print(f"baseline x{ranks}: {base:.2f} GiB per rank", flush=True)
         for model in models:
             path = build(model, out.resolve() / "checkpoints")
             params = parameter_count(path)
@@ -168,9 +178,9 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                         break
                     runs.append(results)
                 row = (
-                    _row(model, params, case, ranks, runs, base)
+                    _row(model, params, case, ranks, runs)
                     if not error
-                    else Row(model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error)
+                    else Row(model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error=error)
                 )
                 rows.append(row)
                 print(render_table([row], header=False), flush=True)

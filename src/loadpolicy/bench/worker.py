@@ -4,8 +4,8 @@ Measures `from_pretrained` on this rank: wall time, peak RSS split into anonymou
 5 ms, plus the kernel's own peak, `VmHWM`, reset just before loading), bytes read from storage (`/proc/self/io`; the
 orchestrator evicts the checkpoint from the page cache before each launch), and the bytes of the parameters this rank
 holds afterwards. Memory-mapped weights that loading never touched are not resident yet, so after loading every
-parameter is read once and the resident memory measured again ("held"). With SPEC["policy"] == "baseline" nothing is
-loaded: the RSS of a process that imported everything and joined the process group.
+parameter is read once and the resident memory measured again ("held"). The RSS just before loading (the process has
+imported everything, the model's module included, and joined the process group) is the baseline.
 """
 
 from __future__ import annotations
@@ -92,36 +92,43 @@ def main(spec_path: str, out_dir: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+    # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
+    zero3 = {
+        "zero_optimization": {"stage": 3},
+        "bf16": {"enabled": True},
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+    }
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
     import deepspeed  # noqa: PLC0415
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
-    model_class = getattr(transformers, spec["model_class"]) if spec["policy"] != "baseline" else None
+    model_class = getattr(transformers, spec["model_class"])
     torch.distributed.barrier()  # every rank starts loading together
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     before = _status()
     io_before = _io()
     start = time.perf_counter()
     with PeakSampler() as sampler:
-        model = None if model_class is None else _load(spec, world, model_class)
+        model = _load(spec, world, model_class)
     seconds = time.perf_counter() - start
     io_after = _io()
     peak_hwm = _status()["VmHWM"]
     owned = 0
-    if model is not None:
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                local = _local(tensor)
-                owned += local.numel() * local.element_size()
-                local.float().sum()  # touch: memory-mapped pages become resident
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            local = _local(tensor)
+            owned += local.numel() * local.element_size()
+            local.sum()  # touch: memory-mapped pages become resident (no full-size temporary)
     held = _status()
     result = {
         "rank": rank,
-        "policy": type(getattr(model, "_load_policy", None)).__name__ if model is not None else "baseline",
+        "policy": type(getattr(model, "_load_policy", None)).__name__,
         "seconds": seconds,
         "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
+        "anon_before": before["RssAnon"],
+        "file_before": before["RssFile"] + before["RssShmem"],
         "peak_anon": sampler.peak["anon"],
         "peak_file": sampler.peak["file"],
         "peak_total": max(sampler.peak["total"], peak_hwm),

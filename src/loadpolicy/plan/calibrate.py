@@ -3,13 +3,14 @@
 For every benchmarked (model, policy, ranks) it predicts the bench's own figures: the largest per-rank peak RSS (total,
 anonymous, file-backed), what the largest rank holds after loading, and the storage reads of all ranks together (the
 ranks share one page cache, so together they read each checkpoint byte that any of them needs once). The baseline is
-not predicted: it is the bench's measured idle process (split into anonymous and file-backed), added to each figure.
+not predicted: it is the bench's measured RSS just before `from_pretrained` (split into anonymous and file-backed),
+added to each figure. Peaks are the bench's: the larger of the peak during loading and the RSS once every loaded tensor
+has been touched, so the predicted peak file-backed memory is what the rank read.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,19 +56,6 @@ def launch_for_case(label: str, ranks: int) -> Launch:
     raise ValueError(f"unknown bench case {label!r}")
 
 
-def _baseline(bench: Path, ranks: int) -> tuple[float, float]:
-    """Median over repeats of the idle process's (anonymous, file-backed) RSS on its largest rank, in bytes."""
-    anon, file = [], []
-    for run in sorted((bench / "runs").glob(f"baseline-{ranks}-*")):
-        results = [json.loads(p.read_text(encoding="utf-8")) for p in run.glob("rank*.json")]
-        largest = max(results, key=lambda r: r["held_anon"] + r["held_file"])
-        anon.append(largest["held_anon"])
-        file.append(largest["held_file"])
-    if not anon:
-        raise FileNotFoundError(f"no baseline runs at {ranks} ranks under {bench / 'runs'}")
-    return statistics.median(anon), statistics.median(file)
-
-
 def predicted_figures(plan: Plan, base_anon: float, base_file: float) -> dict[str, float]:
     costs = plan.ranks
     return {
@@ -105,7 +93,8 @@ def calibrate(bench: Path) -> list[CalibrationRow]:
             config = getattr(transformers, model.config_class)(**model.config)
             inventories[model.name] = inventory_from_config(config)
         plan = predict(launch_for_case(measured["case"], measured["ranks"]), inventories[model.name])
-        predicted = predicted_figures(plan, *_baseline(bench, measured["ranks"]))
+        base = (measured["baseline_anon_gib"] * GIB, measured["baseline_file_gib"] * GIB)
+        predicted = predicted_figures(plan, *base)
         rows += [
             CalibrationRow(model.name, measured["case"], measured["ranks"], figure, value / GIB, got / GIB)
             for (figure, value), got in zip(predicted.items(), measured_figures(measured).values(), strict=True)
