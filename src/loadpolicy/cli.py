@@ -18,6 +18,7 @@ from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.validate import autoep as autoep_command
 from loadpolicy.validate import validate as validate_command
 
 
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     upstream_commands.add_parsers(subparsers)
     validate_command.add_parser(subparsers)
     bench_command.add_parser(subparsers)
+    autoep_command.add_parser(subparsers)
     plan_command.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,403 @@
+"""`loadpolicy autoep`: EP under ZeRO-3 through our EPMeta path against DeepSpeed AutoEP, same models, same shape.
+
+World = dp 2 x ep 2 on 4 CPU ranks (gloo, float32), the tiny qwen3_moe and mixtral checkpoints `loadpolicy validate`
+builds, torch AdamW (lr 1e-3, no weight decay) for 5 steps, each data-parallel replica (one EP group) on its own
+micro-batch, against one process trained on the concatenated global batch (`parity_worker`'s reference). Two ways:
+
+- EPMeta, patched tree: `from_pretrained(distributed_config=DistributedConfig(tp_size=2, ep_size=2,
+  dp_replicate_size=2))` under an `HfDeepSpeedConfig`, then `deepspeed.initialize`;
+- AutoEP, stock tree: `from_pretrained` under an `HfDeepSpeedConfig` (ZeRO-3's `zero.Init`), then
+  `deepspeed.initialize` with `"expert_parallel": {"enabled": true, "autoep_size": 2, ...}`, with a compatibility
+  shim for transformers 5.23.0's output-capture registry applied in the worker (`autoep_worker`).
+
+Per (architecture, way): `from_pretrained` and `deepspeed.initialize` wall time (slowest rank) and peak RSS of each
+rank during each, and parity: losses, weights right after `deepspeed.initialize`, and final weights (AutoEP's
+replaced MoE blocks mapped back to the HF layout; experts compared as each rank's rows). Writes OUT/autoep.md and
+OUT/autoep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.bench.run import evict_from_page_cache
+from loadpolicy.validate.checkpoints import build_checkpoint
+from loadpolicy.validate.matrix import Launcher, Tree
+from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.validate.parity import MAX_RELATIVE_DIFF, _handover_problems, _load, _relative
+from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
+from loadpolicy.validate.validate import ValidationFailedError, prebuild_deepspeed_ops, prepare_trees
+
+
+ARCHS = ("qwen3_moe", "mixtral")
+WORLD, DP = 4, 2  # ep = WORLD // DP = 2
+STEPS = 5
+MIB = 1024**2
+
+
+def expert_parallel_section(arch: str) -> dict[str, Any]:
+    """AutoEP's config section (`module_inject/auto_ep_config.py`) for `arch` at ep 2."""
+    return {
+        "enabled": True,
+        "autoep_size": WORLD // DP,
+        "preset_model": arch,  # the presets are named like the HF model types they cover
+        # CPU: torch._grouped_mm's path applies the expert activation with a Triton kernel; the per-expert loop is
+        # the path that runs in plain PyTorch.
+        "use_grouped_mm": False,
+    }
+
+
+class Way(enum.StrEnum):
+    EPMETA = "epmeta"
+    AUTOEP = "autoep"
+
+    @property
+    def tree(self) -> Tree:
+        return Tree.PATCHED if self is Way.EPMETA else Tree.STOCK
+
+    @property
+    def label(self) -> str:
+        return "EPMeta (patched tree)" if self is Way.EPMETA else "AutoEP (stock tree + shim)"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    arch: str
+    way: str
+    seconds: float  # the whole comparison for this way, launch included
+    error: str | None = None  # a launch that did not complete: which rank, at which stage
+    parity: bool = False  # losses, initial and final weights within MAX_RELATIVE_DIFF
+    problems: list[str] = field(default_factory=list)
+    load_s: float | None = None  # from_pretrained, slowest rank
+    load_peak_mib: list[float] = field(default_factory=list)  # per rank: peak RSS during from_pretrained
+    load_rise_mib: list[float] = field(default_factory=list)  # per rank: that peak minus the RSS just before
+    init_s: float | None = None  # deepspeed.initialize, slowest rank
+    init_peak_mib: list[float] = field(default_factory=list)
+    init_rise_mib: list[float] = field(default_factory=list)
+    loss_rel: float | None = None  # max over steps of |mean over ranks - reference| / max |reference|
+    initial_rel: float | None = None  # weights after deepspeed.initialize against the checkpoint
+    final_rel: float | None = None  # weights after the last step against the reference's
+    worst: str = ""  # the final weight that differs most
+    policy: str = ""
+    shim_applied: bool | None = None
+
+
+def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float) -> str | None:
+    """Run the worker on `ranks` processes (one without a launcher); None, or why the launch did not complete."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("rank*.pt"), *out.glob("rank*.stage")]:
+        stale.unlink()
+    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    evict_from_page_cache(Path(spec["checkpoint"]))  # every load starts from storage, as in `loadpolicy bench`
+    worker = ["-m", "loadpolicy.validate.autoep_worker", str(out / "spec.json"), str(out)]
+    command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
+    code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
+    results = [_load(out / f"rank{rank}.pt") for rank in range(ranks)]
+    failed = [(rank, r) for rank, r in enumerate(results) if "error" in r and "stage" in r]
+    if failed:  # the rank that raised first names itself; the others were stopped by torchrun
+        rank, result = failed[0]
+        others = f"; {stages(out, ranks)}" if ranks > 1 else ""
+        return f"rank {rank} failed at stage {result['stage']!r}: {result['error'][:400]}{others}"
+    if code is None:
+        return f"timed out after {timeout:.0f}s; {stages(out, ranks)} (see {out / 'launcher.log'})"
+    if code != 0 or any("error" in r for r in results):
+        return f"launcher exited {code}; a rank wrote no result; {stages(out, ranks)} (see {out / 'launcher.log'})"
+    return None
+
+
+def _imported_problems(results: list[dict[str, Any]], tree: Path) -> list[str]:
+    src = tree.resolve() / "src"
+    return [
+        f"rank {rank} imported transformers from {r.get('transformers_file')}, not from {src}"
+        for rank, r in enumerate(results)
+        if not Path(str(r.get("transformers_file"))).is_relative_to(src)
+    ]
+
+
+def _weights_rel(
+    reference: dict[str, Any], rank: int, weights: dict[str, Any], rows: dict[str, list[int]]
+) -> tuple[float, str, list[str]]:
+    """max relative difference of one rank's weights (experts: its rows) from the reference, the worst name, and
+    any name present on one side only or with another shape."""
+    problems = [f"rank {rank}: no weight {name!r} after mapping" for name in reference if name not in weights]
+    problems += [f"rank {rank}: {name!r} has no HF counterpart" for name in weights if name not in reference]
+    worst, largest = "", 0.0
+    for name, weight in weights.items():
+        if name not in reference:
+            continue
+        full = reference[name]
+        if name in rows:
+            full = full[rows[name][0] : rows[name][1]]
+        if tuple(weight.shape) != tuple(full.shape):
+            problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
+            continue
+        if (relative := _relative(weight, full)) > largest or not worst:
+            largest, worst = relative, name
+    return largest, worst, problems
+
+
+def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> dict[str, Any]:
+    """Losses, weights after `deepspeed.initialize` and final weights of every rank against the reference.
+
+    EPMeta's ranks also report what the load handed to DeepSpeed (`parity._handover_problems`).
+
+    The ranks of one EP group train on the same micro-batch, so the mean of every rank's loss is the mean over the
+    replicas, which is the reference's loss on the concatenated batch.
+    """
+    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares
+
+    problems: list[str] = []
+    steps = {len(r["losses"]) for r in results}
+    if steps != {len(single["losses"])}:
+        return {"problems": [f"ranks took {sorted(steps)} steps, the reference {len(single['losses'])}"]}
+    losses = torch.tensor([r["losses"] for r in results]).mean(dim=0)
+    loss_rel = _relative(losses, torch.tensor(single["losses"]))
+    initial_rel = final_rel = 0.0
+    worst = ""
+    for rank, result in enumerate(results):
+        if way is Way.EPMETA:
+            problems += _handover_problems(rank, result)
+        relative, _, found = _weights_rel(single["initial"], rank, result["initial"], result["expert_rows"])
+        initial_rel = max(initial_rel, relative)
+        problems += found
+        relative, name, found = _weights_rel(single["weights"], rank, result["weights"], result["expert_rows"])
+        if relative >= final_rel:
+            final_rel, worst = relative, name
+        problems += found
+    for what, value in (("losses", loss_rel), ("weights after deepspeed.initialize", initial_rel)):
+        if value > MAX_RELATIVE_DIFF:
+            problems.append(f"{what} differ by {value:.2e} (relative)")
+    if final_rel > MAX_RELATIVE_DIFF:
+        problems.append(f"final weights differ by {final_rel:.2e} (relative, worst: {worst})")
+    return {
+        "problems": sorted(set(problems)),
+        "loss_rel": loss_rel,
+        "initial_rel": initial_rel,
+        "final_rel": final_rel,
+        "worst": worst,
+    }
+
+
+def _figures(results: list[dict[str, Any]], stage: str) -> dict[str, Any]:
+    per_rank = [r["figures"][stage] for r in results]
+    return {
+        "s": max(f["seconds"] for f in per_rank),
+        "peak_mib": [round(f["peak_total"] / MIB, 1) for f in per_rank],
+        "rise_mib": [round((f["peak_total"] - f["rss_before"]) / MIB, 1) for f in per_rank],
+    }
+
+
+def run_way(
+    arch: str,
+    way: Way,
+    single: dict[str, Any],
+    trees: dict[Tree, Path],
+    spec: dict[str, Any],
+    out: Path,
+    timeout: float,
+) -> Row:
+    start = time.monotonic()
+    spec = spec | {"mode": str(way)}
+    if way is Way.AUTOEP:
+        spec["expert_parallel"] = expert_parallel_section(arch)
+    error = _launch(spec, trees[way.tree], out, WORLD, timeout)
+    if error is not None:
+        return Row(arch, str(way), time.monotonic() - start, error=error)
+    results = [_load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+    imported = _imported_problems(results, trees[way.tree])
+    if imported:
+        return Row(arch, str(way), time.monotonic() - start, error="; ".join(imported))
+    compared = compare(single, results, way)
+    load, init = _figures(results, "load"), _figures(results, "initialize")
+    return Row(
+        arch=arch,
+        way=str(way),
+        seconds=time.monotonic() - start,
+        parity=not compared["problems"],
+        problems=compared["problems"],
+        load_s=load["s"],
+        load_peak_mib=load["peak_mib"],
+        load_rise_mib=load["rise_mib"],
+        init_s=init["s"],
+        init_peak_mib=init["peak_mib"],
+        init_rise_mib=init["rise_mib"],
+        loss_rel=compared.get("loss_rel"),
+        initial_rel=compared.get("initial_rel"),
+        final_rel=compared.get("final_rel"),
+        worst=compared.get("worst", ""),
+        policy=str(results[0].get("policy", "")),
+        shim_applied=results[0].get("shim_applied"),
+    )
+
+
+def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], clip: float, timeout: float) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    checkpoints = out.resolve() / "checkpoints"
+    rows: list[Row] = []
+    for arch in archs:
+        build_checkpoint(arch, checkpoints)
+        spec = {
+            "model_class": ARCHITECTURES[arch].model_class,
+            "checkpoint": str(checkpoints / arch),
+            "steps": STEPS,
+            "lr": 1e-3,
+            "optimizer": "adamw",
+            "dp": DP,
+            "clip": clip,
+            "frozen": [],
+            "checkpoint_dir": "",
+        }
+        # The reference runs on the patched tree (identical to stock without a distributed config), as in parity.
+        directory = out / "runs" / arch
+        error = _launch(spec | {"mode": "single"}, trees[Tree.PATCHED], directory / "single", 1, timeout)
+        if error is not None:
+            failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {error}") for way in Way]
+            print(*map(_line, failed), sep="\n", flush=True)
+            rows += failed
+            continue
+        single = _load(directory / "single" / "rank0.pt")
+        for way in Way:
+            row = run_way(arch, way, single, trees, spec, directory / str(way), timeout)
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _line(row: Row) -> str:
+    label = f"{row.arch} | {Way(row.way).label}"
+    if row.error:
+        return f"!! {label}: FAILED: {row.error}"
+    mark = "ok " if row.parity else "!! "
+    return (
+        f"{mark}{label}: from_pretrained {row.load_s:.2f}s, peak {max(row.load_peak_mib):.0f} MiB/rank; "
+        f"deepspeed.initialize {row.init_s:.2f}s, peak {max(row.init_peak_mib):.0f} MiB/rank; "
+        f"losses {_e(row.loss_rel)}, initial weights {_e(row.initial_rel)}, final weights {_e(row.final_rel)}"
+        + (f"; {'; '.join(row.problems)[:400]}" if row.problems else "")
+        + f" ({row.seconds:.0f}s)"
+    )
+
+
+def _e(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def _mib(values: list[float]) -> str:
+    return " / ".join(f"{v:.0f}" for v in values)
+
+
+def render_markdown(rows: list[Row], command: str, clip: float) -> str:
+    header = (
+        "| arch | way | from_pretrained s (slowest rank) | peak RSS in from_pretrained, MiB (r0 / r1 / r2 / r3) "
+        "| rise over RSS before, MiB | deepspeed.initialize s (slowest rank) | peak RSS in initialize, MiB "
+        "| rise, MiB | losses | weights after initialize | final weights | result |"
+    )
+    lines = [header, "|" + "---|" * 12]
+    for r in rows:
+        label = Way(r.way).label
+        if r.error:
+            lines.append(f"| {r.arch} | {label} |" + " - |" * 9 + f" FAILED: {r.error[:300]} |")
+            continue
+        result = "parity" if r.parity else "differs: " + "; ".join(r.problems)[:300]
+        lines.append(
+            f"| {r.arch} | {label} | {r.load_s:.2f} | {_mib(r.load_peak_mib)} | {_mib(r.load_rise_mib)} "
+            f"| {r.init_s:.2f} | {_mib(r.init_peak_mib)} | {_mib(r.init_rise_mib)} "
+            f"| {_e(r.loss_rel)} | {_e(r.initial_rel)} | {_e(r.final_rel)} | {result} |"
+        )
+    sections = [
+        "# EPMeta against DeepSpeed AutoEP",
+        "",
+        f"`{command}`; {WORLD} ranks (torchrun), CPU gloo, float32, world = dp {DP} x ep {WORLD // DP}; "
+        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}; {STEPS} steps of torch AdamW (lr 1e-3, "
+        f"no weight decay, gradient clipping {clip or 'off'}); each replica (one EP group) on its own micro-batch of "
+        "2 rows, the reference one process on both. AutoEP could feed every rank its own micro-batch (it "
+        "dispatches tokens to the experts' owners by all-to-all); here both ways train on the same global batch "
+        "and compare with the same reference.",
+        "",
+        *lines,
+        "",
+        *(
+            f"- {r.arch}, {Way(r.way).label}: loaded as {r.policy}"
+            + ("" if r.shim_applied is None else f"; shim applied: {r.shim_applied}")
+            for r in rows
+            if not r.error
+        ),
+        "",
+        "- **from_pretrained s / deepspeed.initialize s**: wall time on each rank, every rank starting after a "
+        "barrier; the slowest rank's. The checkpoint is evicted from the page cache before each launch.",
+        "- **peak RSS**: the largest resident set (anonymous + file-backed + shared) seen during the call, from a "
+        "5 ms sampler and the kernel's `VmHWM` (reset just before), per rank; **rise**: that peak minus the RSS "
+        "just before the call (what the call itself added). On these tiny models the peaks are the imported "
+        "libraries and the rise is the loading machinery, not the weights: they show where each way spends memory "
+        "(AutoEP's `from_pretrained` is stock ZeRO-3, `zero.Init` with rank 0 reading the checkpoint's values; "
+        "inside `deepspeed.initialize` AutoEP gathers each MoE layer's experts whole on every rank and keeps its "
+        "rows; EPMeta reads each rank's expert rows and the dense weights whole in `from_pretrained`), not how "
+        "they scale.",
+        f"- **losses / weights**: max over steps (losses: mean over ranks) or over parameters of max |a - b| / max "
+        f"|b| against the single process; experts as each rank's rows. *Weights after initialize* compare with the "
+        f"checkpoint as loaded in one process: where each way put the experts before the first step. *Parity* means "
+        f"all three within {MAX_RELATIVE_DIFF:.0e}.",
+        "- AutoEP's parameters are mapped back to the HF layout before comparing: `mlp.router.gate.weight` -> "
+        "`mlp.gate.weight`; `mlp.experts.w1` (gate) and `w3` (up), `[E_local, ffn, hidden]` each -> "
+        "`mlp.experts.gate_up_proj` = cat(w1, w3) along dim 1, `[E_local, 2 ffn, hidden]`; `mlp.experts.w2` -> "
+        "`mlp.experts.down_proj`; rows `ep_rank * E_local` onwards of the full expert tensors "
+        "(`autoep_worker.to_hf_layout`).",
+        "- AutoEP needs a compatibility shim on transformers 5.23.0 (in `autoep_worker`, not in the patch series): "
+        "its output-capture registry takes a model, AutoEP passes the string key with a default "
+        "(`TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`); the shim lets a "
+        "string key act as a plain dict key in `get` and `__setitem__`.",
+        "",
+        "AutoEP config section: `" + json.dumps({"expert_parallel": expert_parallel_section("<arch>")}) + "`",
+        "",
+    ]
+    return "\n".join(sections)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "autoep", help="EP under ZeRO-3: our EPMeta path against DeepSpeed AutoEP (load time, peak RSS, parity)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/autoep"), help="work and report directory")
+    parser.add_argument("--arch", action="append", choices=ARCHS, help="only this architecture (repeatable)")
+    parser.add_argument("--clip", type=float, default=0.0, help="gradient clipping norm (default: off)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="bound on each launch, in seconds")
+    parser.add_argument("--patches", type=Path, default=Path("patches"))
+    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    started = time.monotonic()
+    archs = tuple(args.arch) if args.arch else ARCHS
+    rows = autoep(args.out, args.patches, args.cache, archs=archs, clip=args.clip, timeout=args.timeout)
+    command = (
+        "loadpolicy autoep"
+        + "".join(f" --arch {a}" for a in args.arch or ())
+        + (f" --clip {args.clip}" if args.clip else "")
+    )
+    (args.out / "autoep.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    (args.out / "autoep.md").write_text(render_markdown(rows, command, args.clip), encoding="utf-8")
+    print(
+        f"{len(rows)} runs in {time.monotonic() - started:.0f}s: {args.out / 'autoep.md'}, {args.out / 'autoep.json'}"
+    )
+    # A way that did not complete is a failure; EPMeta off parity is a regression. AutoEP off parity is a finding,
+    # reported in the table, not a failure of this command.
+    failed = [r for r in rows if r.error or (r.way == Way.EPMETA and not r.parity)]
+    if failed:
+        raise AutoEPComparisonError(
+            "; ".join(f"{r.arch} {r.way}: {r.error or '; '.join(r.problems)}"[:300] for r in failed)
+        )
+    return "comparison done"
+
+
+class AutoEPComparisonError(ValidationFailedError):
+    """A way did not complete, or EPMeta missed parity (caught by the CLI as a validation failure)."""

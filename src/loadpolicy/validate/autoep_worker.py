@@ -1,0 +1,317 @@
+"""One rank of `loadpolicy autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
+
+`python -m loadpolicy.validate.autoep_worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
+
+- `single`: the reference, `parity_worker`'s single-process loop on the concatenated global batch, plus the
+  weights as `from_pretrained` loads them (to check what each way holds before the first step);
+- `epmeta` (patched tree): `from_pretrained(distributed_config=DistributedConfig(tp_size=ep, ep_size=ep,
+  dp_replicate_size=dp))` under an `HfDeepSpeedConfig`, then `deepspeed.initialize`, as `parity_worker` does;
+- `autoep` (stock tree): `from_pretrained` under an `HfDeepSpeedConfig` (so inside `zero.Init`), then
+  `deepspeed.initialize` with an `expert_parallel` section, which swaps every MoE block for an `AutoEPMoELayer`.
+
+Both ways: the process group is started first (gloo on CPU), every rank starts each measured stage after a barrier,
+and `from_pretrained` and `deepspeed.initialize` are each timed with their peak RSS (`bench.worker.PeakSampler` plus
+the kernel's `VmHWM`, reset just before). The ranks of one EP group share a micro-batch (one data-parallel replica
+per EP group, as `parity_worker` feeds them). Weights are gathered after `deepspeed.initialize` and after the last
+step and written in the Hugging Face layout (AutoEP's `router.gate` and `experts.w1/w2/w3` mapped back), experts as
+this rank's rows. Writes OUT/rank<R>.pt and OUT/rank<R>.stage; a rank that fails writes its error and the stage it
+was in, and exits non-zero so that torchrun stops the other ranks instead of leaving them in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from loadpolicy.bench.worker import PeakSampler, _status
+from loadpolicy.validate import parity_worker
+
+
+Stage = Callable[[str], None]
+
+
+# --- COMPATIBILITY SHIM: DeepSpeed 0.19.8 AutoEP on transformers 5.23.0 (not part of the patch series) -------------
+#
+# transformers 5.23.0 keys its output-capture registry (`utils/output_capturing.py:39-53`) by model: `get(model)`
+# looks up `str(model.__class__)` and takes no default; `registry[model] = ...` stores under `str(model.__class__)`.
+# AutoEP (`module_inject/auto_ep_presets/base.py`) treats the registry as the plain dict it was, keyed by that string:
+# `registry.get(key, default)` (line 326: "TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3
+# were given", inside `deepspeed.initialize`), `registry.get(key)` (which would look up "<class 'str'>" and find
+# nothing), and `registry[key] = entry` when it restores the entries it swapped in (stored under "<class 'str'>").
+# The shim makes a key that already is a string behave as a plain dict key; a model behaves as before.
+
+
+def apply_output_capture_registry_shim() -> bool:
+    """Let AutoEP use transformers' `_CAN_RECORD_REGISTRY` with string keys. True if it changed anything."""
+    from transformers.utils import output_capturing  # noqa: PLC0415  # the stock tree's, on its PYTHONPATH
+
+    registry_class = type(output_capturing._CAN_RECORD_REGISTRY)
+    if registry_class is dict or getattr(registry_class, "_loadpolicy_autoep_shim", False):
+        return False
+    get_by_model = registry_class.get
+    set_by_model = registry_class.__setitem__
+
+    def get(self: dict[str, Any], key: Any, *default: Any) -> Any:
+        return dict.get(self, key, *default) if isinstance(key, str) else get_by_model(self, key)
+
+    def setitem(self: dict[str, Any], key: Any, value: Any) -> None:
+        if isinstance(key, str):
+            dict.__setitem__(self, key, value)
+        else:
+            set_by_model(self, key, value)
+
+    registry_class.get = get
+    registry_class.__setitem__ = setitem
+    registry_class._loadpolicy_autoep_shim = True
+    return True
+
+
+# --- measuring ------------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _measured(figures: dict[str, Any], name: str) -> Iterator[None]:
+    """Time the block on this rank and record its peak RSS; every rank starts it together."""
+    torch.distributed.barrier()
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    before = _status()
+    start = time.perf_counter()
+    with PeakSampler() as sampler:
+        yield
+    seconds = time.perf_counter() - start
+    figures[name] = {
+        "seconds": seconds,
+        "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
+        "peak_anon": sampler.peak["anon"],
+        "peak_file": sampler.peak["file"],
+        "peak_total": max(sampler.peak["total"], _status()["VmHWM"]),
+    }
+
+
+# --- AutoEP's parameters in the Hugging Face layout -----------------------------------------------------------------
+
+
+def autoep_layers(module: Any, shapes: dict[str, list[int]], preset: Any) -> dict[str, dict[str, Any]]:
+    """Every `AutoEPMoELayer` by module path: this rank's expert rows and the HF layout it replaced.
+
+    `shapes` are the HF parameters' full shapes before `deepspeed.initialize`, `preset` AutoEP's `MoEModelPreset`.
+    """
+    from deepspeed.moe.fused_expert_layout import classify_fused_gate_up_layout  # noqa: PLC0415
+
+    layers = {}
+    for path, layer in module.named_modules():
+        if not getattr(layer, "_is_autoep_layer", False):
+            continue
+        experts = f"{path}.{preset.experts_pattern}"
+        w1, w2 = shapes[f"{experts}.{preset.expert_w1}"], shapes[f"{experts}.{preset.expert_w2}"]
+        layout = classify_fused_gate_up_layout(tuple(w1), tuple(w2))
+        layers[path] = {
+            "first_row": int(layer.ep_rank) * int(layer.num_local_experts),
+            "rows": int(layer.num_local_experts),
+            "layout": None if layout is None else layout.layout,
+            "router": preset.router_pattern,
+            "experts": preset.experts_pattern,
+            "w1": preset.expert_w1,  # fused gate and up: AutoEP's w1 (gate) and w3 (up)
+            "w2": preset.expert_w2,  # down: AutoEP's w2
+            "shared_experts": preset.shared_experts_pattern,
+            "shared_experts_gate": preset.shared_experts_gate_pattern,
+        }
+    return layers
+
+
+def to_hf_layout(
+    weights: dict[str, Any], layers: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """AutoEP's gathered parameters under the HF names and layout, and the expert rows each expert tensor holds.
+
+    `AutoEPMoELayer` at path P holds `P.router.gate.{weight,bias}` (HF: `P.<router>.{weight,bias}`), this rank's
+    experts as `P.experts.w1` (gate) `[E_local, ffn, hidden]`, `w3` (up, same shape) and `w2` (down)
+    `[E_local, hidden, ffn]` (HF, fused: `P.experts.gate_up_proj` `[E, 2 ffn, hidden]` = cat(gate, up) along dim 1
+    and `down_proj` `[E, hidden, ffn]`, or both transposed in the "hidden_first" layout), and any shared experts
+    as `P.shared_experts` / `P.shared_experts_gate`. Every other name is the HF name already. A name this does not
+    know (a new AutoEP parameter) is kept as is, so the comparison reports it rather than hiding it.
+    """
+    out = dict(weights)
+    rows: dict[str, list[int]] = {}
+    for path, layer in layers.items():
+        prefix = f"{path}."
+        if layer["layout"] is None:
+            raise ValueError(f"{path}: unknown fused expert layout; cannot map AutoEP's experts back")
+        gate, up, down = (out.pop(f"{prefix}experts.{w}") for w in ("w1", "w3", "w2"))
+        if layer["layout"] == "gate_up_first":
+            gate_up = torch.cat([gate, up], dim=1)
+        else:  # hidden_first: HF stores [E, hidden, 2 ffn] and [E, ffn, hidden]
+            gate_up, down = torch.cat([gate, up], dim=1).transpose(1, 2), down.transpose(1, 2)
+        experts = f"{prefix}{layer['experts']}."
+        for name, tensor in ((experts + layer["w1"], gate_up), (experts + layer["w2"], down)):
+            out[name] = tensor.contiguous()
+            rows[name] = [layer["first_row"], layer["first_row"] + layer["rows"]]
+        renames = {
+            f"{prefix}{autoep}.": f"{prefix}{layer[hf]}."
+            for autoep, hf in (
+                ("router.gate", "router"),
+                ("shared_experts", "shared_experts"),
+                ("shared_experts_gate", "shared_experts_gate"),
+            )
+            if layer[hf]  # a preset without shared experts names none
+        }
+        for name in [n for n in out if n.startswith(prefix)]:
+            for old, new in renames.items():
+                if name.startswith(old):
+                    out[new + name.removeprefix(old)] = out.pop(name)
+                    break
+    return out, rows
+
+
+# --- the three modes ------------------------------------------------------------------------------------------------
+
+
+def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    stage("from_pretrained")
+    model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    del model
+    return parity_worker._single(spec, stage) | {"initial": initial}
+
+
+def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stage) -> list[float]:
+    batches = [
+        parity_worker._replica(batch, spec, rank, world) for batch in parity_worker._batches(spec, spec["steps"])
+    ]
+    return parity_worker._train_engine(engine, batches, stage)
+
+
+def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[str, Any]:
+    import deepspeed  # noqa: PLC0415
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    ds_config = parity_worker._ds_config(spec, world)
+    keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
+    figures: dict[str, Any] = {}
+    stage("from_pretrained")
+    with _measured(figures, "load"):
+        model = parity_worker._load_ep(spec, world)
+    loaded = parity_worker._loaded(model)
+    stage("deepspeed.initialize")
+    with _measured(figures, "initialize"):
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=parity_worker._optimizer(model, spec), config=ds_config
+        )
+    stage("gather initial")
+    initial = parity_worker._gathered(engine.module)
+    ep_rank = rank % (world // spec["dp"])  # the mesh: dp_replicate outer, tp/ep inner
+    rows = {n: [ep_rank * initial[n].shape[0], (ep_rank + 1) * initial[n].shape[0]] for n in loaded["experts"]}
+    losses = _train(engine, spec, rank, world, stage)
+    stage("gather")
+    return {
+        "policy": loaded["policy"],
+        "experts": loaded["experts"],
+        "unchanged": {n: bool(torch.equal(loaded["before"][n], initial[n])) for n in loaded["experts"]},
+        "figures": figures,
+        "initial": initial,
+        "expert_rows": rows,
+        "losses": losses,
+        "weights": parity_worker._gathered(engine.module),
+    }
+
+
+def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[str, Any]:
+    import deepspeed  # noqa: PLC0415
+    from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    ds_config = parity_worker._ds_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
+    keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
+    figures: dict[str, Any] = {}
+    stage("from_pretrained")
+    with _measured(figures, "load"):
+        model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
+    model.train()
+    # Full shapes (zero.Init leaves empty placeholders) and how many zero.Init partitioned; no reference is kept to
+    # the parameters AutoEP is about to replace.
+    shapes = {n: [int(d) for d in getattr(p, "ds_shape", p.shape)] for n, p in model.named_parameters()}
+    partitioned = sum(hasattr(p, "ds_id") for p in model.parameters())
+    stage("compatibility shim")
+    shim = apply_output_capture_registry_shim()
+    stage("deepspeed.initialize")
+    with _measured(figures, "initialize"):
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=parity_worker._optimizer(model, spec), config=ds_config
+        )
+    stage("gather initial")
+    layers = autoep_layers(engine.module, shapes, get_preset(spec["expert_parallel"]["preset_model"]))
+    if not layers:
+        raise RuntimeError("deepspeed.initialize replaced no MoE block with an AutoEPMoELayer")
+    initial, rows = to_hf_layout(parity_worker._gathered(engine.module), layers)
+    losses = _train(engine, spec, rank, world, stage)
+    stage("gather")
+    weights, _ = to_hf_layout(parity_worker._gathered(engine.module), layers)
+    return {
+        "policy": f"stock zero.Init ({partitioned}/{len(shapes)} parameters partitioned)",
+        "shim_applied": shim,
+        "autoep_layers": {
+            path: {k: layer[k] for k in ("first_row", "rows", "layout")} for path, layer in layers.items()
+        },
+        "figures": figures,
+        "initial": initial,
+        "expert_rows": rows,
+        "losses": losses,
+        "weights": weights,
+    }
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    out = Path(out_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    where = ["start"]
+
+    def stage(name: str) -> None:
+        where[0] = name
+        (out / f"rank{rank}.stage").write_text(name, encoding="utf-8")
+
+    failed = False
+    try:
+        stage("start")
+        getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
+        if spec["mode"] == "single":
+            result = _single(spec, stage)
+        else:
+            import deepspeed  # noqa: PLC0415
+
+            stage("init_distributed")
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+            world = int(os.environ["WORLD_SIZE"])
+            match spec["mode"]:
+                case "epmeta":
+                    result = _epmeta(spec, rank, world, stage)
+                case "autoep":
+                    result = _autoep(spec, rank, world, stage)
+                case mode:
+                    raise ValueError(f"unknown mode {mode!r}; accepted: single, epmeta, autoep")
+        stage("done")
+    except Exception as exc:
+        failed = True
+        result = {
+            "error": f"{type(exc).__name__}: {exc}",
+            "stage": where[0],
+            "traceback": traceback.format_exc()[-3000:],
+        }
+    result["transformers_file"] = transformers.__file__  # which tree this rank really ran
+    torch.save(result, out / f"rank{rank}.pt")
+    if failed:
+        sys.exit(1)  # torchrun then stops the other ranks rather than leaving them waiting in a collective
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
