@@ -2,7 +2,8 @@
 
 Measures `from_pretrained` on this rank: wall time, peak RSS split into anonymous and file-backed memory (sampled every
 5 ms, plus the kernel's own peak, `VmHWM`, reset just before loading), bytes read from storage (`/proc/self/io`; the
-orchestrator evicts the checkpoint from the page cache before each launch), and the bytes of the parameters this rank
+orchestrator evicts the checkpoint from the page cache before each launch; counted until every loaded tensor has been
+touched, as mapped pages are read on first use), and the bytes of the parameters this rank
 holds afterwards. Memory-mapped weights that loading never touched are not resident yet, so after loading every
 parameter is read once and the resident memory measured again ("held"). The RSS just before loading (the process has
 imported everything, the model's module included, and joined the process group) is the baseline.
@@ -122,6 +123,7 @@ def main(spec_path: str, out_dir: str) -> None:
             owned += local.numel() * local.element_size()
             local.sum()  # touch: memory-mapped pages become resident (no full-size temporary)
     held = _status()
+    io_touched = _io()  # pages of memory-mapped tensors that loading left untouched are read on first use
     result = {
         "rank": rank,
         "policy": type(getattr(model, "_load_policy", None)).__name__,
@@ -135,7 +137,8 @@ def main(spec_path: str, out_dir: str) -> None:
         "held_anon": held["RssAnon"],
         "held_total": held["RssAnon"] + held["RssFile"] + held["RssShmem"],
         "held_file": held["RssFile"] + held["RssShmem"],
-        "read_bytes": io_after["read_bytes"] - io_before["read_bytes"],
+        "read_bytes": io_touched["read_bytes"] - io_before["read_bytes"],
+        "read_bytes_loading": io_after["read_bytes"] - io_before["read_bytes"],
         "rchar": io_after["rchar"] - io_before["rchar"],
         "owned_bytes": owned,
     }
