@@ -125,6 +125,9 @@ def test_impossible_launches_are_refused_naming_the_value(launch: Launch, names:
 def test_bench_cases_map_to_the_launch_they_run() -> None:
     assert launch_for_case("Zero3Init (stock)", 2) == Launch(2, PolicyName.ZERO3_INIT)
     assert launch_for_case("EPMeta: EP under ZeRO-3", 4).ep == 4
+    assert launch_for_case("EPMeta: EP under ZeRO-3", 4).tp == 1  # dense weights are left to ZeRO-3
+    plain_ep = Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=4)  # DistributedConfig(tp_size=4, ep_size=4)
+    assert launch_for_case("MetaShardOnRead: plain EP", 4) == plain_ep
     assert launch_for_case("MetaShardOnRead: dense ZeRO-3", 4).zero3
     with pytest.raises(ValueError, match="unknown bench case"):
         launch_for_case("something else", 2)

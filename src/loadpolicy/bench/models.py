@@ -34,6 +34,12 @@ class BenchModel:
     def moe(self) -> bool:
         return "num_experts" in self.config
 
+    def transformers_config(self) -> Any:
+        """The model's transformers config object (needs the `live` extra)."""
+        import transformers  # noqa: PLC0415  # the `live` extra
+
+        return getattr(transformers, self.config_class)(**self.config)
+
 
 def _moe(name: str, base: dict[str, Any], **sizes: int) -> BenchModel:
     config = base | {"num_experts_per_tok": 2, "intermediate_size": 2048} | sizes
@@ -64,7 +70,7 @@ def build(model: BenchModel, directory: Path) -> Path:
     if (path / "config.json").exists():
         return path
     torch.manual_seed(0)
-    config = getattr(transformers, model.config_class)(**model.config)
+    config = model.transformers_config()
     with torch.device("cpu"):
         built = getattr(transformers, model.model_class)(config).to(torch.bfloat16)
     built.save_pretrained(path, safe_serialization=True)

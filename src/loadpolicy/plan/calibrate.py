@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
+from loadpolicy.bench.run import CASES
 from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
-from loadpolicy.policy import PolicyName
+from loadpolicy.policy import PolicyName, parse_policy_name
 
 
 GIB = 1024**3
@@ -44,16 +45,17 @@ class CalibrationRow:
 
 
 def launch_for_case(label: str, ranks: int) -> Launch:
-    """The launch each bench case runs (`bench/run.py` CASES)."""
-    if label.startswith("Zero3Init"):
-        return Launch(ranks, PolicyName.ZERO3_INIT)
-    if label == "MetaShardOnRead: plain EP":
-        return Launch(ranks, PolicyName.META_SHARD_ON_READ, ep=ranks, tp=ranks)
-    if label == "MetaShardOnRead: dense ZeRO-3":
-        return Launch(ranks, PolicyName.META_SHARD_ON_READ, zero3=True)
-    if label.startswith("EPMeta"):
-        return Launch(ranks, PolicyName.EP_META, ep=ranks)
-    raise ValueError(f"unknown bench case {label!r}")
+    """The launch a bench case runs, from its definition in `bench/run.py` CASES.
+
+    Its EP launches are `DistributedConfig(tp_size=W, ep_size=W)`: under EPMeta the TP plan is left to ZeRO-3.
+    """
+    case = next((c for c in CASES if c.label == label), None)
+    if case is None:
+        raise ValueError(f"unknown bench case {label!r}; known: {', '.join(c.label for c in CASES)}")
+    policy = parse_policy_name(case.policy)
+    ep = ranks if case.ep else 1
+    tp = ep if policy is PolicyName.META_SHARD_ON_READ else 1
+    return Launch(ranks, policy, ep=ep, tp=tp, zero3=case.zero3 and policy is PolicyName.META_SHARD_ON_READ)
 
 
 def predicted_figures(plan: Plan, base_anon: float, base_file: float) -> dict[str, float]:
@@ -88,10 +90,7 @@ def calibrate(bench: Path) -> list[CalibrationRow]:
     for measured in measured_rows:
         model = _bench_model(measured["model"])
         if model.name not in inventories:
-            import transformers  # noqa: PLC0415  # the `live` extra
-
-            config = getattr(transformers, model.config_class)(**model.config)
-            inventories[model.name] = inventory_from_config(config)
+            inventories[model.name] = inventory_from_config(model.transformers_config())
         plan = predict(launch_for_case(measured["case"], measured["ranks"]), inventories[model.name])
         base = (measured["baseline_anon_gib"] * GIB, measured["baseline_file_gib"] * GIB)
         predicted = predicted_figures(plan, *base)

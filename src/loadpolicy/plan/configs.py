@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadpolicy.plan.inventory import config_from_dict
+
 
 PUBLISHED: dict[str, dict[str, Any]] = {
     # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
@@ -74,9 +76,6 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 
 def published_config(name: str) -> Any:
     """The transformers config object of a published model (needs the `live` extra)."""
-    from transformers import AutoConfig  # noqa: PLC0415  # the `live` extra: the cost model itself needs no torch
-
     if name not in PUBLISHED:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(PUBLISHED)}")
-    raw = dict(PUBLISHED[name])
-    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    return config_from_dict(PUBLISHED[name])

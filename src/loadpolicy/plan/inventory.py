@@ -76,16 +76,20 @@ def _num_experts(config: Any) -> int:
     return 0
 
 
+def config_from_dict(raw: dict[str, Any]) -> Any:
+    """A transformers config object from `config.json`'s fields (its `model_type` picks the class)."""
+    from transformers import AutoConfig  # noqa: PLC0415  # the `live` extra: the cost model itself needs no torch
+
+    fields = dict(raw)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
 def _load_config(config: Any) -> Any:
     """A transformers config object from an object, a `config.json` path or a directory holding one."""
     if not isinstance(config, str | Path):
         return config
-    from transformers import AutoConfig  # noqa: PLC0415  # the `live` extra: the cost model itself needs no torch
-
     path = Path(config)
-    raw = json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8"))
-    model_type = raw.pop("model_type")
-    return AutoConfig.for_model(model_type, **raw)
+    return config_from_dict(json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8")))
 
 
 def inventory_from_config(config: Any, dtype: str = "bfloat16") -> Inventory:
