@@ -9,7 +9,14 @@ import pytest
 
 from loadpolicy.validate.faults import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
 from loadpolicy.validate.matrix import Tree
-from loadpolicy.validate.parity import ParityCase, Trainer, _checkpoint_problems, _compare, _outcome
+from loadpolicy.validate.parity import (
+    ParityCase,
+    Trainer,
+    _checkpoint_problems,
+    _compare,
+    _outcome,
+    compare_export,
+)
 
 
 torch = pytest.importorskip("torch")
@@ -124,3 +131,49 @@ def test_a_warning_case_needs_the_warning_on_every_rank(tmp_path: Path) -> None:
     assert _expectation_problems(case, None, [warned, warned], tmp_path) == []
     quiet = {"error": None, "warnings": [], "seconds": 1.0}
     assert _expectation_problems(case, None, [warned, quiet], tmp_path)[0].startswith("rank 1: expected the warning")
+
+
+def reloaded_export() -> dict[str, Any]:
+    """What the stock tree's one-process reload of a correct export reports."""
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.experts.0.down_proj.weight"]
+    return {
+        "weights": {n: w.clone() for n, w in single()["weights"].items()},
+        "loading_info": {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []},
+        "keys_on_disk": list(names),
+        "keys_in_checkpoint": list(names),
+    }
+
+
+def saved_ranks() -> list[dict[str, Any]]:
+    return [rank_result(rank) | {"export": {"save_peak_rise_mib": 1.0}} for rank in range(2)]
+
+
+def test_export_passes_a_reload_equal_to_one_process() -> None:
+    assert compare_export(single(), reloaded_export(), saved_ranks()) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        # The saving bug: one rank's experts under the full tensor's name, or missing experts filled at random
+        (lambda r: r["weights"].update({EXPERT: r["weights"][EXPERT][:2].clone()}), "has shape (2, 2)"),
+        (lambda r: r["weights"][EXPERT][2:].normal_(), "differs from one process"),
+        (lambda r: r["loading_info"].update(missing_keys=["model.layers.0.mlp.experts.down_proj"]), "missing_keys"),
+        (lambda r: r["weights"][EXPERT].__setitem__((0, 0), float("nan")), "differs from one process by nan"),
+        (lambda r: r["keys_on_disk"].pop(), "saved tensor names"),
+        (lambda r: r["keys_on_disk"].append("model.layers.0.mlp.experts.down_proj"), "saved tensor names"),
+        (lambda r: r["weights"].pop("model.embed_tokens.weight"), "reloaded parameters"),
+        (lambda r: r.update(error="OSError: no file named model.safetensors"), "reload: OSError"),
+    ],
+)
+def test_export_names_what_the_reload_got_wrong(change: Any, needle: str) -> None:
+    reload = reloaded_export()
+    change(reload)
+    problems = compare_export(single(), reload, saved_ranks())
+    assert any(needle in problem for problem in problems), problems
+
+
+def test_export_fails_a_rank_without_a_record_of_saving() -> None:
+    ranks = saved_ranks()
+    del ranks[1]["export"]
+    assert compare_export(single(), reloaded_export(), ranks) == ["rank 1: no record of saving"]

@@ -54,11 +54,14 @@ class ParityCase:
     # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
     optimizer: str = "adamw"
     dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
+    # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
+    export: bool = False
 
     @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
+        extra += " | save_pretrained -> reload" if self.export else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
@@ -109,6 +112,7 @@ def run_parity(
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
+        "export_dir": str((out / "export").resolve()) if case.export else "",
     }
     start = time.monotonic()
     # The single-process reference always runs on the patched tree (identical to stock without a distributed config).
@@ -139,7 +143,15 @@ def run_parity(
     problems, loss_rel, weight_rel = _compare(single, results, case.dp)
     if case.checkpoint:
         problems += _checkpoint_problems(results)
+    if case.export and not problems:
+        problems += _export_problems(spec, trees[Tree.STOCK], out / "reload", single, results, timeout)
     detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
+    if case.export and not problems:
+        rise = max(r["export"]["save_peak_rise_mib"] for r in results)
+        detail += (
+            f"; save_pretrained -> one-process reload on stock: every tensor within {MAX_RELATIVE_DIFF:.0e}, "
+            f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
+        )
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
 
 
@@ -228,3 +240,39 @@ def _checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
         if differ:
             problems.append(f"rank {rank}: step after reload changed weights differently: {differ[:3]}")
     return problems
+
+
+def _export_problems(
+    spec: dict[str, Any], stock: Path, out: Path, single: dict[str, Any], results: list[dict[str, Any]], timeout: float
+) -> list[str]:
+    """The saved Hub checkpoint, reloaded in one process by the stock tree (not the code under test), must hold the
+    single process's final weights, under the checkpoint's own tensor names, nothing missing or unexpected."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec | {"mode": "reload"}), encoding="utf-8")
+    command = [sys.executable, "-m", "loadpolicy.validate.parity_worker", str(out / "spec.json"), str(out)]
+    if (error := _launch(spec, stock, out, command, 1, timeout)) is not None:
+        return [f"reload: {error}"]
+    return compare_export(single, _load(out / "rank0.pt"), results)
+
+
+def compare_export(single: dict[str, Any], reload: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """Judge a reloaded export against the single process. A missing field or a NaN fails."""
+    if "error" in reload:
+        return [f"reload: {reload['error'][:300]}"]
+    problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
+    problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
+    problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))
+    problems += _names_differ("reloaded parameters", set(reload["weights"]), set(single["weights"]))
+    for name in sorted(set(single["weights"]) & set(reload["weights"])):
+        want, have = single["weights"][name], reload["weights"][name]
+        if have.shape != want.shape:
+            problems.append(f"reloaded {name} has shape {tuple(have.shape)}, expected {tuple(want.shape)}")
+        elif not (_relative(have, want) <= MAX_RELATIVE_DIFF):
+            problems.append(f"reloaded {name} differs from one process by {_relative(have, want):.2e} (relative)")
+    return problems
+
+
+def _names_differ(what: str, got: set[str], expected: set[str]) -> list[str]:
+    if got == expected:
+        return []
+    return [f"{what}: extra {sorted(got - expected)[:4]}, missing {sorted(expected - got)[:4]}"]

@@ -52,7 +52,8 @@ def _freeze(model: Any, frozen: list[str]) -> None:
 
 def _ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     return {
-        "zero_optimization": {"stage": 3},
+        # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
+        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
         "train_batch_size": MICRO_BATCH * world,
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": 1,
@@ -153,6 +154,48 @@ def _train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0)
     return losses
 
 
+def _rss_mib(field: str) -> float:
+    """VmRSS or VmHWM (peak since the last reset) of this process, in MiB."""
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> dict[str, Any]:
+    """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
+    stage("save hub checkpoint")
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    before = _rss_mib("VmRSS")
+    save(spec["export_dir"])
+    return {"save_peak_rise_mib": _rss_mib("VmHWM") - before}
+
+
+def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    """One process, plain `from_pretrained` of the exported directory: its weights, what the load reported, and the
+    tensor names on disk beside those of the checkpoint the run started from."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    def on_disk(directory: str) -> list[str]:
+        names: list[str] = []
+        for file in sorted(Path(directory).glob("*.safetensors")):
+            with safe_open(str(file), "pt") as handle:
+                names += handle.keys()
+        return sorted(names)
+
+    stage("from_pretrained")
+    model, info = getattr(transformers, spec["model_class"]).from_pretrained(
+        spec["export_dir"], dtype=torch.float32, output_loading_info=True
+    )
+    return {
+        "weights": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
+        "keys_on_disk": on_disk(spec["export_dir"]),
+        "keys_in_checkpoint": on_disk(spec["checkpoint"]),
+        "files": sorted(f.name for f in Path(spec["export_dir"]).iterdir()),
+    }
+
+
 def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
@@ -165,6 +208,8 @@ def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     result["losses"] = _train_engine(engine, batches[:-1], stage)
     stage("gather")
     result["weights"] = _gathered(engine.module)
+    if spec["export_dir"]:
+        result["export"] = _export(spec, stage, engine.module.save_pretrained)
     if spec["checkpoint_dir"]:
         result["checkpoint"] = _save_and_reload(spec, world, engine, batches[-1], stage)
     return result
@@ -222,7 +267,19 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
         optimizer.zero_grad()
         losses.append(loss.item())
     stage("gather")
-    return result | {"losses": losses, "weights": _gathered(engine.module)}
+    result |= {"losses": losses, "weights": _gathered(engine.module)}
+    if spec["export_dir"]:
+
+        def save(directory: str) -> None:
+            accelerator.unwrap_model(engine).save_pretrained(
+                directory,
+                is_main_process=accelerator.is_main_process,
+                save_function=accelerator.save,
+                state_dict=accelerator.get_state_dict(engine),
+            )
+
+        result["export"] = _export(spec, stage, save)
+    return result
 
 
 def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
@@ -276,13 +333,16 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
             f"the Trainer did not wrap the model in DeepSpeed (model_wrapped is {type(engine).__name__})"
         )
     stage("gather")
-    return {
+    result = {
         "policy": loaded["policy"],
         "experts": loaded["experts"],
         "unchanged": unchanged,
         "losses": losses,
         "weights": _gathered(engine.module),
     }
+    if spec["export_dir"]:
+        result["export"] = _export(spec, stage, trainer.save_model)
+    return result
 
 
 def main(spec_path: str, out_dir: str) -> None:
@@ -304,8 +364,10 @@ def main(spec_path: str, out_dir: str) -> None:
                 result = _accelerate(spec, stage)
             case "trainer":
                 result = _trainer(spec, stage, out)
+            case "reload":
+                result = _reload(spec, stage)
             case mode:
-                raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer")
+                raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, reload")
         stage("done")
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}

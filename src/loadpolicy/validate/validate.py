@@ -46,33 +46,39 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
 # Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
 # the stock tree once per way and architecture, to show how it fails.
 PARITY_FULL = (
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
     ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, export=True),
     ParityCase("mixtral", 4, Trainer.DEEPSPEED, checkpoint=True),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
     *(
-        ParityCase(arch, ranks, way)
+        ParityCase(arch, ranks, way, export=True)
         for way in (Trainer.ACCELERATE, Trainer.HF_TRAINER)
         for arch in ("qwen3_moe", "mixtral")
         for ranks in (2, 4)
     ),
     *(ParityCase(arch, 2, way, tree=Tree.STOCK) for way in Trainer for arch in ("qwen3_moe", "mixtral")),
     # world = dp x ep: 2 replicas of 2 EP ranks, ZeRO-3 owning data parallelism, each replica on its own micro-batch
-    *(ParityCase(arch, 4, Trainer.DEEPSPEED, clip=clip, dp=2) for arch in ("qwen3_moe", "mixtral") for clip in (0, 1)),
+    *(
+        ParityCase(arch, 4, Trainer.DEEPSPEED, clip=clip, dp=2, export=clip == 0)
+        for arch in ("qwen3_moe", "mixtral")
+        for clip in (0, 1)
+    ),
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
-    *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2) for arch in ("qwen3_moe", "mixtral")),
+    *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2, export=True) for arch in ("qwen3_moe", "mixtral")),
 )
+# Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
+# training that saves has one export case here.
 PARITY_FAST = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
-    ParityCase("mixtral", 2, Trainer.ACCELERATE),
-    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+    ParityCase("mixtral", 2, Trainer.ACCELERATE, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, export=True),
 )
 
 
