@@ -25,6 +25,7 @@ class Scenario(enum.StrEnum):
     EP_ZERO3 = "EP under ZeRO-3"
     COMPOSITE_EP_ZERO3 = "composite EP under ZeRO-3"
     REFUSED_ZERO3_FSDP = "refused: ZeRO-3 + FSDP2"
+    QUANTIZED_ZERO3 = "quantized ZeRO-3 (bnb 8-bit)"
 
 
 MOE = tuple(name for name, arch in ARCHITECTURES.items() if arch.moe and name != "glm4v_moe")
@@ -44,6 +45,8 @@ class ScenarioSpec:
     stock_fails: bool
     # substring every rank's error must contain on the patched tree, for refused combinations
     refusal: str | None = None
+    # bitsandbytes 8-bit on load (its quantizer fills in device_map={"": "cpu"} when none is passed), or None
+    bnb_8bit: bool = False
 
 
 SCENARIOS: dict[Scenario, ScenarioSpec] = {
@@ -63,6 +66,15 @@ SCENARIOS: dict[Scenario, ScenarioSpec] = {
         patched_policy=None,
         stock_fails=True,
         refusal="cannot be combined with FSDP2 data parallelism (fsdp_size=",
+    ),
+    # QLoRA under ZeRO-3: stock loads it (the ZeRO-3 device_map refusal runs before the quantizer fills one in)
+    Scenario.QUANTIZED_ZERO3: ScenarioSpec(
+        (*DENSE, "qwen3_moe"),
+        zero3=True,
+        sizes=None,
+        patched_policy="MetaShardOnRead",
+        stock_fails=False,
+        bnb_8bit=True,
     ),
 }
 

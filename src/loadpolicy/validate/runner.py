@@ -102,6 +102,7 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
         "zero3": spec.zero3,
         "zero3_config": ZERO3_CONFIG | {"train_batch_size": run.ranks},
         "distributed": distributed_sizes(spec, run.ranks),
+        "bnb_8bit": spec.bnb_8bit,
         "cases": cases,
     }
     spec_path = out / "spec.json"
@@ -217,6 +218,8 @@ def _problems(run: Run, result: dict[str, Any]) -> list[str]:
 def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
     """Zero3Init: every parameter partitioned, gathered equal to the checkpoint. EP: each rank's expert slice."""
     problems = []
+    if run.spec.bnb_8bit and not (result.get("quantized_8bit", 0) > 0):
+        problems.append("no parameter was quantized to 8 bits")
     if run.spec.patched_policy == "Zero3Init":
         if result["partitioned"] != result["parameters"]:
             problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")

@@ -33,12 +33,21 @@ class Rank:
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result), encoding="utf-8")
 
 
-def _reference(case: dict[str, Any], ids: Any) -> dict[str, Any]:
+def _quantization(spec: dict[str, Any]) -> dict[str, Any]:
+    """from_pretrained's quantization argument, for the reference load and the distributed one alike."""
+    if not spec["bnb_8bit"]:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
+
+
+def _reference(spec: dict[str, Any], case: dict[str, Any], ids: Any) -> dict[str, Any]:
     import torch
     import transformers
 
     model_class = getattr(transformers, case["model_class"])
-    model = model_class.from_pretrained(case["checkpoint"], dtype=torch.float32)
+    model = model_class.from_pretrained(case["checkpoint"], dtype=torch.float32, **_quantization(spec))
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     return {"logits": logits, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
@@ -64,7 +73,7 @@ def _check(
     import transformers
     from transformers import DistributedConfig
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "output_loading_info": True}
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "output_loading_info": True, **_quantization(spec)}
     if spec["distributed"] is not None:
         kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
     model_class = getattr(transformers, case["model_class"])
@@ -79,6 +88,7 @@ def _check(
         "on_meta": [name for name, tensor in tensors if _local(tensor).is_meta],
         "partitioned": sum(hasattr(p, "ds_id") for _, p in model.named_parameters()),
         "parameters": sum(1 for _ in model.named_parameters()),
+        "quantized_8bit": sum(type(p).__name__ == "Int8Params" for p in model.parameters()),
     }
     params = reference["params"]
     # On GPUs (nccl) the model sits on this rank's device; the reference stays on the CPU.
@@ -127,7 +137,7 @@ def main(spec_path: str, out_dir: str) -> None:
         for case in spec["cases"]:
             current = f"{case['arch']}: reference load"
             rank.stage(current)
-            references[case["arch"]] = _reference(case, ids)
+            references[case["arch"]] = _reference(spec, case, ids)
         if spec["zero3"]:
             current = "enable ZeRO-3"
             rank.stage(current)
