@@ -34,15 +34,25 @@ def _load(spec: dict[str, Any], rank: int, world: int) -> None:
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
-    keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] == "before" else None  # noqa: F841  # weak reference
-    sizes = {key: world if value == "world" else value for key, value in spec["sizes"].items()}
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "distributed_config": DistributedConfig(**sizes)}
+    if spec["process_group"]:
+        torch.distributed.init_process_group("gloo")  # as deepspeed.init_distributed() or Accelerator() would
+    zero3_here = spec["zero3"] == "before" or (spec["zero3"] == "rank 0 only" and rank == 0)
+    keep_alive = HfDeepSpeedConfig(zero3) if zero3_here else None  # noqa: F841  # held by a weak reference
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if spec["sizes"] is not None:
+        sizes = {key: world if value == "world" else value for key, value in spec["sizes"].items()}
+        kwargs["distributed_config"] = DistributedConfig(**sizes)
     if spec["device_map"] is not None:
         kwargs["device_map"] = spec["device_map"]
     checkpoint = spec["checkpoints"].get(str(rank), spec["checkpoints"]["*"])
     if spec["kill_rank"] == rank:
         _kill_this_rank_while_loading()
     model = getattr(transformers, spec["model_class"]).from_pretrained(checkpoint, **kwargs)
+    if spec["then_collective"]:
+        # What a script does next (deepspeed.initialize, a training step): its first collective after loading
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("gloo")
+        torch.distributed.barrier()
     if spec["zero3"] == "after":
         # The DeepSpeed config appears only now, with the TrainingArguments, as when they are built after loading.
         args = transformers.TrainingArguments(spec["out"], deepspeed=zero3, use_cpu=True, report_to="none")

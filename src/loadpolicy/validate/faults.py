@@ -32,8 +32,11 @@ EP = {"tp_size": "world", "ep_size": "world"}
 class FaultCase:
     name: str
     checkpoint: str = "qwen3_moe"  # a variant from `build_fault_checkpoints`
-    sizes: dict[str, Any] = field(default_factory=lambda: dict(EP))
-    zero3: str = "before"  # the DeepSpeed ZeRO-3 config exists "before" or only "after" from_pretrained
+    sizes: dict[str, Any] | None = field(default_factory=lambda: dict(EP))  # None: no distributed_config
+    # the DeepSpeed ZeRO-3 config exists "before" or only "after" from_pretrained, or on "rank 0 only"
+    zero3: str = "before"
+    process_group: bool = False  # initialized before from_pretrained, as deepspeed.init_distributed() would
+    then_collective: bool = False  # the script's next collective after loading (a barrier)
     device_map: str | None = None
     bad_rank: str | None = None  # "1" or "last": the one rank whose view differs (checkpoint or kill)
     killed: bool = False  # the bad rank is SIGKILLed while loading
@@ -41,6 +44,9 @@ class FaultCase:
     error: str | None = None
     bad_rank_error: str | None = None
     warning: str | None = None  # expected on every rank when the case only warns (error None)
+    # Only rank 0 raises `error`: the others loaded without ZeRO-3 (no error of their own) and must only end, by an
+    # error in their next collective once rank 0 has failed, or stopped by torchrun
+    others_end: bool = False
 
 
 def _cases() -> tuple[FaultCase, ...]:
@@ -82,6 +88,18 @@ def _cases() -> tuple[FaultCase, ...]:
             bad_rank_error="above report",
         ),
         FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
+        *(
+            FaultCase(
+                f"plain load, ZeRO-3 config on rank 0 only, {where}",
+                sizes=None,
+                zero3="rank 0 only",
+                process_group=process_group,
+                then_collective=True,
+                error="Ranks disagree on how to load (zero3_enabled: rank 0=True, ",
+                others_end=True,
+            )
+            for where, process_group in (("process group up", True), ("no process group yet", False))
+        ),
         FaultCase(
             "ZeRO-3 config created after from_pretrained (Trainer)",
             zero3="after",
@@ -161,6 +179,8 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "device_map": case.device_map,
         "kill_rank": bad if case.killed else None,
         "warning": case.warning,
+        "process_group": case.process_group,
+        "then_collective": case.then_collective,
     }
     (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     worker = ["-m", "loadpolicy.validate.fault_worker", str(out / "spec.json"), str(out)]
@@ -184,7 +204,8 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
             proc.wait()
     results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
     per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
-    seconds = [r["seconds"] for r in results if r is not None]
+    # The ranks that must raise the error (the others of an `others_end` case end only once rank 0 has exited)
+    seconds = [r["seconds"] for rank, r in enumerate(results) if r is not None and not (case.others_end and rank)]
     problems = [f"timed out after {LAUNCH_BOUND:.0f}s; {stages(out, ranks)}"] if timed_out else []
     problems += ["processes of the launch were still running after it exited"] if left_running else []
     problems += _expectation_problems(case, bad, results, out)
@@ -244,6 +265,9 @@ def _expectation_problems(
             problems.append("a rank finished loading although another was killed")
         return problems
     for rank, result in enumerate(results):
+        if rank != 0 and case.others_end:
+            problems += _ended_problems(rank, result, out)
+            continue
         if result is None:
             problems.append(f"rank {rank}: no result")
             continue
@@ -256,3 +280,12 @@ def _expectation_problems(
         elif expected.format(bad=bad) not in str(result["error"]):
             problems.append(f"rank {rank}: expected an error with {expected.format(bad=bad)!r}, got {result['error']}")
     return problems
+
+
+def _ended_problems(rank: int, result: dict[str, Any] | None, out: Path) -> list[str]:
+    """A rank with no error of its own must still end: by an error in its next collective, or stopped by torchrun."""
+    if result is None and _launcher_signal(rank, out) != "SIGTERM":
+        return [f"rank {rank}: no result, and torchrun did not stop it"]
+    if result is not None and not result["error"]:
+        return [f"rank {rank}: finished without an error although the others failed"]
+    return []
