@@ -16,6 +16,7 @@ from loadpolicy.validate.parity import (
     _compare,
     _outcome,
     compare_export,
+    compare_resumed,
 )
 
 
@@ -177,3 +178,43 @@ def test_export_fails_a_rank_without_a_record_of_saving() -> None:
     ranks = saved_ranks()
     del ranks[1]["export"]
     assert compare_export(single(), reloaded_export(), ranks) == ["rank 1: no record of saving"]
+
+
+def test_resume_passes_the_uninterrupted_run_s_last_steps() -> None:
+    full = [rank_result(rank) | {"losses": [4.0, 3.5, 3.0, 2.5]} for rank in range(2)]
+    resumed = [rank_result(rank) | {"losses": [3.0, 2.5]} for rank in range(2)]
+    assert compare_resumed(full, resumed) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda r: r["losses"].__setitem__(1, float("nan")), "losses"),
+        (lambda r: r["losses"].__setitem__(0, 3.01), "losses"),
+        (lambda r: r["losses"].pop(), "1 steps, expected 2"),
+        (lambda r: r["weights"][EXPERT].add_(1e-3), "final weights differ"),
+        (lambda r: r["weights"][EXPERT].fill_(float("nan")), "by nan"),
+        (lambda r: r["weights"].pop(EXPERT), "weights: extra [], missing"),
+        (lambda r: r.update(error="RuntimeError: no checkpoint"), "resumed rank 1: RuntimeError"),
+    ],
+)
+def test_resume_names_what_differs(change: Any, needle: str) -> None:
+    full = [rank_result(rank) | {"losses": [4.0, 3.5, 3.0, 2.5]} for rank in range(2)]
+    resumed = [rank_result(rank) | {"losses": [3.0, 2.5]} for rank in range(2)]
+    change(resumed[1])
+    problems = compare_resumed(full, resumed)
+    assert any(needle in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda r: r["weights"][EXPERT].fill_(float("nan")), "differs by nan"),
+        (lambda r: r["losses"].__setitem__(0, float("nan")), "losses differ by nan"),
+    ],
+)
+def test_parity_fails_a_nan(change: Any, needle: str) -> None:
+    broken = rank_result(1)
+    change(broken)
+    problems, _, _ = _compare(single(), [rank_result(0), broken])
+    assert any(needle in problem for problem in problems), problems

@@ -22,6 +22,7 @@ from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree
 
 
 MAX_RELATIVE_DIFF = 1e-5
+RESUME_AFTER = 2  # steps
 # Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
 FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
 
@@ -56,12 +57,19 @@ class ParityCase:
     dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
     # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
     export: bool = False
+    # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
+    resume: bool = False
+
+    @property
+    def steps(self) -> int:
+        return 4 if self.resume else self.trainer.steps
 
     @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
         extra += " | save_pretrained -> reload" if self.export else ""
+        extra += " | resume after 2 of 4 steps" if self.resume else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
@@ -105,7 +113,7 @@ def run_parity(
     spec = {
         "model_class": ARCHITECTURES[case.arch].model_class,
         "checkpoint": str(checkpoints / case.arch),
-        "steps": case.trainer.steps,
+        "steps": case.steps,
         "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
         "optimizer": case.optimizer,
         "dp": case.dp,
@@ -113,6 +121,8 @@ def run_parity(
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
         "export_dir": str((out / "export").resolve()) if case.export else "",
+        "save_steps": RESUME_AFTER if case.resume else 0,
+        "resume_from": "",
     }
     start = time.monotonic()
     # The single-process reference always runs on the patched tree (identical to stock without a distributed config).
@@ -141,11 +151,11 @@ def run_parity(
     if errors:
         return _outcome(case, start, errors)
     problems, loss_rel, weight_rel = _compare(single, results, case.dp)
-    if case.checkpoint:
-        problems += _checkpoint_problems(results)
-    if case.export and not problems:
-        problems += _export_problems(spec, trees[Tree.STOCK], out / "reload", single, results, timeout)
+    if not problems:
+        problems += _after_training_problems(case, spec, trees, out, single, results, timeout)
     detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
+    if case.resume and not problems:
+        detail += f"; resumed from checkpoint-{RESUME_AFTER} in a new launch: same losses and final weights"
     if case.export and not problems:
         rise = max(r["export"]["save_peak_rise_mib"] for r in results)
         detail += (
@@ -153,6 +163,24 @@ def run_parity(
             f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
         )
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
+
+
+def _after_training_problems(
+    case: ParityCase,
+    spec: dict[str, Any],
+    trees: dict[Tree, Path],
+    out: Path,
+    single: dict[str, Any],
+    results: list[dict[str, Any]],
+    timeout: float,
+) -> list[str]:
+    """What the user does after training: reload a DeepSpeed checkpoint, resume the Trainer, save for the Hub."""
+    problems = _checkpoint_problems(results) if case.checkpoint else []
+    if case.resume and not problems:
+        problems += _resume_problems(case, spec, trees[case.tree], out, results, timeout)
+    if case.export and not problems:
+        problems += _export_problems(spec, trees[Tree.STOCK], out / "reload", single, results, timeout)
+    return problems
 
 
 def _outcome(
@@ -197,11 +225,14 @@ def _compare(single: dict[str, Any], results: list[dict[str, Any]], dp: int = 1)
             if weight.shape != full.shape:
                 problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
                 continue
-            if (relative := _relative(weight, full)) > weight_rel:
+            relative = _relative(weight, full)
+            if not (relative <= MAX_RELATIVE_DIFF):  # NaN fails here; the running max below would skip it
+                problems.append(f"rank {rank}: final {name} differs by {relative:.2e} (relative)")
+            if relative > weight_rel:
                 weight_rel, worst = relative, name
     # Every replica has ep ranks, so the mean over ranks is the mean over replicas.
     loss_rel = _relative(torch.tensor([result["losses"] for result in results]).mean(dim=0), reference_losses)
-    if loss_rel > MAX_RELATIVE_DIFF:
+    if not (loss_rel <= MAX_RELATIVE_DIFF):
         problems.append(f"losses differ by {loss_rel:.2e} (relative)")
     if weight_rel > MAX_RELATIVE_DIFF:
         problems.append(f"final weights differ by {weight_rel:.2e} (relative, worst: {worst})")
@@ -252,7 +283,10 @@ def _export_problems(
     command = [sys.executable, "-m", "loadpolicy.validate.parity_worker", str(out / "spec.json"), str(out)]
     if (error := _launch(spec, stock, out, command, 1, timeout)) is not None:
         return [f"reload: {error}"]
-    return compare_export(single, _load(out / "rank0.pt"), results)
+    reload = _load(out / "rank0.pt")
+    if not Path(str(reload.get("transformers_file"))).is_relative_to(stock.resolve() / "src"):
+        return [f"reload imported transformers from {reload.get('transformers_file')}, not from the stock tree"]
+    return compare_export(single, reload, results)
 
 
 def compare_export(single: dict[str, Any], reload: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
@@ -276,3 +310,49 @@ def _names_differ(what: str, got: set[str], expected: set[str]) -> list[str]:
     if got == expected:
         return []
     return [f"{what}: extra {sorted(got - expected)[:4]}, missing {sorted(expected - got)[:4]}"]
+
+
+def _resume_problems(
+    case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, results: list[dict[str, Any]], timeout: float
+) -> list[str]:
+    """A new launch resumes from the checkpoint written after RESUME_AFTER steps: its steps' losses and its final
+    weights must be those of the uninterrupted run (itself judged against one process)."""
+    checkpoint = out / str(case.trainer) / "trainer" / f"checkpoint-{RESUME_AFTER}"
+    if not checkpoint.is_dir():
+        return [f"the Trainer wrote no {checkpoint.name}"]
+    directory = out / "resumed"
+    directory.mkdir(parents=True, exist_ok=True)
+    resumed_spec = spec | {"mode": str(case.trainer), "save_steps": 0, "resume_from": str(checkpoint.resolve())}
+    (directory / "spec.json").write_text(json.dumps(resumed_spec), encoding="utf-8")
+    worker = ["-m", "loadpolicy.validate.parity_worker", str(directory / "spec.json"), str(directory)]
+    command = launch_command(case.trainer.launcher, case.ranks, worker, directory)
+    if (error := _launch(spec, tree, directory, command, case.ranks, timeout)) is not None:
+        return [f"resumed launch: {error}"]
+    resumed = [_load(directory / f"rank{rank}.pt") for rank in range(case.ranks)]
+    return compare_resumed(results, resumed)
+
+
+def compare_resumed(uninterrupted: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[str]:
+    """Rank by rank: the resumed steps' losses and the final weights against the uninterrupted run's."""
+    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
+
+    problems = [f"resumed rank {rank}: {r['error'][:300]}" for rank, r in enumerate(resumed) if "error" in r]
+    if problems:
+        return problems
+    for rank, (full, again) in enumerate(zip(uninterrupted, resumed, strict=True)):
+        expected = full["losses"][RESUME_AFTER:]
+        if len(again["losses"]) != len(expected) or not expected:
+            problems.append(f"resumed rank {rank}: {len(again['losses'])} steps, expected {len(expected)}")
+            continue
+        if not (_relative(torch.tensor(again["losses"]), torch.tensor(expected)) <= MAX_RELATIVE_DIFF):
+            problems.append(f"resumed rank {rank}: losses {again['losses']} != {expected}")
+        problems += _names_differ(f"resumed rank {rank}: weights", set(again["weights"]), set(full["weights"]))
+        # `not (x <= bound)`, tensor by tensor: a NaN fails (max() over NaNs would not)
+        differ = [
+            f"{n} by {relative:.2e}"
+            for n, w in full["weights"].items()
+            if n in again["weights"] and not ((relative := _relative(again["weights"][n], w)) <= MAX_RELATIVE_DIFF)
+        ]
+        if differ:
+            problems.append(f"resumed rank {rank}: final weights differ: {differ[:3]}")
+    return problems

@@ -298,7 +298,9 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
         max_grad_norm=spec["clip"],
         optim="adamw_torch",
         train_sampling_strategy="sequential",
-        save_strategy="no",
+        # resume cases: a checkpoint half-way (the HF weights and DeepSpeed's states), to resume from in a new launch
+        save_strategy="steps" if spec["save_steps"] else "no",
+        save_steps=spec["save_steps"] or 500,
         report_to="none",
         use_cpu=True,
         disable_tqdm=True,
@@ -326,7 +328,8 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
     rows = [{"input_ids": row, "labels": row} for batch in _batches(spec, spec["steps"]) for row in batch]
     trainer = RecordingTrainer(model=model, args=args, train_dataset=rows, callbacks=[ExpertCheck()])
     stage("trainer.train")
-    trainer.train()
+    # A resumed launch records only the steps after the checkpoint
+    trainer.train(resume_from_checkpoint=spec["resume_from"] or None)
     engine = trainer.model_wrapped
     if engine is model or not hasattr(engine, "module"):
         raise RuntimeError(

@@ -60,7 +60,7 @@ def _parity_row(p: ParityOutcome) -> tuple[str, ...]:
         c.arch,
         f"{c.trainer} ({c.trainer.launcher})",
         str(c.ranks),
-        f"{c.trainer.steps} {c.optimizer}, clip {c.clip}{extra}",
+        f"{c.steps} {c.optimizer}, clip {c.clip}{extra}",
         "as expected" if p.passed else "NOT AS EXPECTED",
         p.detail,
     )

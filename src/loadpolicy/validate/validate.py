@@ -69,6 +69,9 @@ PARITY_FULL = (
     ),
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
     *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2, export=True) for arch in ("qwen3_moe", "mixtral")),
+    # Trainer.train(resume_from_checkpoint=...) in a new launch, at ep 2 and at dp 2 x ep 2
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, resume=True),
+    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, resume=True),
 )
 # Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
 # training that saves has one export case here.
@@ -76,7 +79,7 @@ PARITY_FAST = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
     ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
     ParityCase("mixtral", 2, Trainer.ACCELERATE, export=True),
-    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True, resume=True),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, export=True),
 )
