@@ -77,6 +77,7 @@ def test_judge_passes_a_correct_ep_load() -> None:
         ({"experts": {"e": [[2, 16, 16], [4, 16, 16], False]}}, "not this rank's slice"),
         ({"experts": {}}, "no expert parameters"),
         ({"max_abs_diff": 1e-3}, "logits differ"),
+        ({"max_abs_diff": float("nan")}, "logits differ from one process by nan"),
         ({"error": "ValueError: boom"}, "rank 1: ValueError: boom"),
     ],
 )
@@ -136,3 +137,13 @@ def test_accelerate_config_is_deepspeed_zero3(tmp_path: Path) -> None:
     assert "distributed_type: DEEPSPEED" in text
     assert "zero_stage: 3" in text
     assert "num_processes: 4" in text
+
+
+def test_quantized_zero3_must_have_quantized_parameters() -> None:
+    run = Run(Scenario.QUANTIZED_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
+    result = good_ep_result(0) | {"policy": None, "experts": {}, "quantized_8bit": 0}
+    outcome = _judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
+    assert "no parameter was quantized to 8 bits" in outcome.detail
+    result["quantized_8bit"] = 7
+    outcome = _judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
+    assert outcome.passed, outcome.detail

@@ -81,7 +81,8 @@ def main(spec_path: str, out_dir: str) -> None:
     (out / f"rank{rank}.stage").write_text("done", encoding="utf-8")
     # torchrun stops every rank as soon as one exits with an error: give the others a bounded moment to record
     # their own outcome first (the outcome and its time are already written; this only delays the exit).
-    deadline = time.monotonic() + 20
+    # (Not when the others only end once this rank has exited: they wait in a collective for it.)
+    deadline = time.monotonic() + (0 if spec["others_end"] else 20)
     while time.monotonic() < deadline and not all((out / f"rank{r}.json").exists() for r in range(world)):
         time.sleep(0.2)
     # Exit like a user script that does not catch the error, so the launcher sees the failure.

@@ -181,6 +181,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "warning": case.warning,
         "process_group": case.process_group,
         "then_collective": case.then_collective,
+        "others_end": case.others_end,
     }
     (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     worker = ["-m", "loadpolicy.validate.fault_worker", str(out / "spec.json"), str(out)]
