@@ -83,9 +83,9 @@ def _cases() -> tuple[FaultCase, ...]:
             "checkpoint missing expert 3's weights",
             checkpoint="missing_expert",
             bad_rank="last",  # owns expert 3
-            # The owner's shard no longer matches (2 ranks: a size mismatch; 4 ranks: the expert merge fails)
-            error="failed on rank(s) [{bad}]: rank {bad}: RuntimeError",
-            bad_rank_error="above report",
+            # The owner names the missing tensors (not the merged tensor's size mismatch); the others its error
+            error="failed on rank(s) [{bad}]: rank {bad}: ValueError: The checkpoint lacks 3 tensor(s)",
+            bad_rank_error="model.layers.0.mlp.experts.3.down_proj.weight, model.layers.0.mlp.experts.3.gate_proj",
         ),
         FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
         *(
