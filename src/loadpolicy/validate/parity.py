@@ -62,7 +62,7 @@ class ParityCase:
 
     @property
     def steps(self) -> int:
-        return 4 if self.resume else self.trainer.steps
+        return 2 * RESUME_AFTER if self.resume else self.trainer.steps
 
     @property
     def label(self) -> str:

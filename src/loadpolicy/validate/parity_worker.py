@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import transformers
 
+from loadpolicy.bench.worker import _status
+
 
 Stage = Callable[[str], None]
 MICRO_BATCH = 2
@@ -154,21 +156,13 @@ def _train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0)
     return losses
 
 
-def _rss_mib(field: str) -> float:
-    """VmRSS or VmHWM (peak since the last reset) of this process, in MiB."""
-    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> dict[str, Any]:
     """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
     stage("save hub checkpoint")
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
-    before = _rss_mib("VmRSS")
+    before = _status()["VmRSS"]
     save(spec["export_dir"])
-    return {"save_peak_rise_mib": _rss_mib("VmHWM") - before}
+    return {"save_peak_rise_mib": (_status()["VmHWM"] - before) / 2**20}
 
 
 def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
@@ -192,7 +186,6 @@ def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
         "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
         "keys_on_disk": on_disk(spec["export_dir"]),
         "keys_in_checkpoint": on_disk(spec["checkpoint"]),
-        "files": sorted(f.name for f in Path(spec["export_dir"]).iterdir()),
     }
 
 
