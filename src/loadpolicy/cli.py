@@ -19,6 +19,7 @@ from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.upstream.pin import UpstreamError
 from loadpolicy.validate import autoep as autoep_command
+from loadpolicy.validate import mutants as mutants_command
 from loadpolicy.validate import validate as validate_command
 
 
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate_command.add_parser(subparsers)
     bench_command.add_parser(subparsers)
     autoep_command.add_parser(subparsers)
+    mutants_command.add_parser(subparsers)
     plan_command.add_parser(subparsers)
     return parser
 

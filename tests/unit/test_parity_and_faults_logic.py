@@ -6,21 +6,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from loadpolicy.validate.faults import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
-from loadpolicy.validate.matrix import Tree
+from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR, Tree
 from loadpolicy.validate.parity import (
     ParityCase,
     Trainer,
     _checkpoint_problems,
     _compare,
     _outcome,
+    _stock_outcome,
     compare_export,
     compare_resumed,
 )
 
-
-torch = pytest.importorskip("torch")
 
 EXPERT = "model.layers.0.mlp.experts.down_proj"
 
@@ -71,7 +71,11 @@ def test_parity_names_the_rank_and_what_differs(change: Any, needle: str) -> Non
 def test_a_reload_that_changes_the_next_step_fails() -> None:
     saved = {
         "loaded": True,
-        "frozen": ["model.embed_tokens.weight"],
+        "frozen": [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.experts.down_proj",
+        ],
         "restored_equal": True,
         "loss_continued": 3.0,
         "loss_resumed": 3.0,
@@ -79,16 +83,32 @@ def test_a_reload_that_changes_the_next_step_fails() -> None:
         "weights_resumed": {"w": torch.ones(2)},
     }
     assert _checkpoint_problems([{"checkpoint": saved}]) == []
-    drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=[])
+    # the expert pattern matched nothing (a rename): the frozen-expert path was not exercised
+    drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=saved["frozen"][:2])
     problems = _checkpoint_problems([{"checkpoint": drifted}])
-    assert any("no parameter was frozen" in p for p in problems)
+    assert any("matched no parameter: ['layers.0.mlp.experts.down_proj']" in p for p in problems)
     assert any("changed weights differently" in p for p in problems)
 
 
-def test_a_stock_case_passes_only_by_failing() -> None:
+def test_a_stock_case_passes_only_by_failing_with_the_known_bug_on_every_rank() -> None:
     stock = ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK)
-    assert _outcome(stock, 0.0, ["rank 0: ValueError: device_map"]).passed
+    bug = {"error": f"ValueError: {STOCK_DEVICE_MAP_ERROR}."}
+    assert _stock_outcome(stock, 0.0, [bug, bug]).passed
+    # a crash of the worker (stock has no `_load_policy`), a rank with no result, or training through: not the bug
+    for other in ({"error": "AttributeError: 'Qwen3MoeForCausalLM' has no attribute '_load_policy'"}, {}):
+        outcome = _stock_outcome(stock, 0.0, [bug, other])
+        assert not outcome.passed
+        assert "ranks [1] did not fail with" in outcome.detail
+    # a timeout or a failed reference never reaches the stock ranks: it fails
+    assert not _outcome(stock, 0.0, ["deepspeed: timed out after 180s"]).passed
     assert not _outcome(stock, 0.0, []).passed
+
+
+def test_parity_compares_key_sets_both_ways() -> None:
+    short = rank_result(1)
+    del short["weights"]["model.embed_tokens.weight"]
+    problems, _, _ = _compare(single(), [rank_result(0), short])
+    assert any("rank 1: final weights: extra [], missing ['model.embed_tokens.weight']" in p for p in problems)
 
 
 TORCHRUN_SUMMARY = """
@@ -218,3 +238,21 @@ def test_parity_fails_a_nan(change: Any, needle: str) -> None:
     change(broken)
     problems, _, _ = _compare(single(), [rank_result(0), broken])
     assert any(needle in problem for problem in problems), problems
+
+
+def test_autoep_comparison_fails_a_nan_weight() -> None:
+    from loadpolicy.validate.autoep import Way, compare
+
+    reference = {"losses": [4.0, 3.5], "initial": single()["weights"], "weights": single()["weights"]}
+    ranks = []
+    for rank in range(2):
+        result = rank_result(rank)
+        ranks.append(
+            result
+            | {"losses": [4.0, 3.5], "initial": result["weights"], "expert_rows": {EXPERT: [2 * rank, 2 * rank + 2]}}
+        )
+    assert compare(reference, ranks, Way.EPMETA)["problems"] == []
+    ranks[0]["weights"] = {n: w.clone() for n, w in ranks[0]["weights"].items()}
+    ranks[0]["weights"]["model.embed_tokens.weight"][0, 0] = float("nan")
+    problems = compare(reference, ranks, Way.EPMETA)["problems"]
+    assert any("final weights differ by nan" in p for p in problems), problems

@@ -17,8 +17,9 @@ GIB = 1024**3
 
 
 def test_inventory_counts_every_parameter_once_and_finds_the_experts(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     config = transformers.Qwen3MoeConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
@@ -39,7 +40,6 @@ def test_inventory_counts_every_parameter_once_and_finds_the_experts(tmp_path: P
 
 def test_qwen3_30b_a3b_at_ep4_holds_what_pr_45548_reported() -> None:
     """PR #45548 measured about 16.4 GiB per rank at EP=4: 2.87 GiB replicated + 13.5 GiB of experts."""
-    pytest.importorskip("transformers")
     from loadpolicy.plan.configs import published_config
 
     inventory = inventory_from_config(published_config("Qwen3-30B-A3B"))

@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.validate.matrix import SCENARIOS, Launcher, Run, Scenario, Tree, fast_matrix, full_matrix
+from loadpolicy.validate.matrix import (
+    SCENARIOS,
+    STOCK_DEVICE_MAP_ERROR,
+    Launcher,
+    Run,
+    Scenario,
+    Tree,
+    fast_matrix,
+    full_matrix,
+)
 from loadpolicy.validate.report import is_unexpected, render_table, rows
 from loadpolicy.validate.runner import RunOutcome, _accelerate_config, _judge
 
@@ -46,11 +55,13 @@ def good_ep_result(rank: int) -> dict[str, Any]:
         "partitioned": 0,
         "parameters": 10,
         "experts": {"model.layers.0.mlp.experts.gate_up_proj": [[2, 16, 16], [4, 16, 16], True]},
+        "dense_unequal": [],
         "max_abs_diff": 3e-8,
     }
 
 
 EP_RUN = Run(Scenario.EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+BUG = {"error": f"ValueError: {STOCK_DEVICE_MAP_ERROR}."}
 
 
 def ranks_with(change: dict[str, Any] | None = None, rank: int = 1) -> list[dict[str, Any] | None]:
@@ -77,7 +88,8 @@ def test_judge_passes_a_correct_ep_load() -> None:
         ({"experts": {"e": [[2, 16, 16], [4, 16, 16], False]}}, "not this rank's slice"),
         ({"experts": {}}, "no expert parameters"),
         ({"max_abs_diff": 1e-3}, "logits differ"),
-        ({"max_abs_diff": float("nan")}, "logits differ from one process by nan"),
+        ({"max_abs_diff": float("nan")}, "logits differ from the stock one-process load by nan"),
+        ({"dense_unequal": ["model.embed_tokens.weight"]}, "parameters outside the experts differ"),
         ({"error": "ValueError: boom"}, "rank 1: ValueError: boom"),
     ],
 )
@@ -85,6 +97,31 @@ def test_judge_fails_and_says_which_rank_and_why(change: dict[str, Any], needle:
     outcome = _judge(EP_RUN, "qwen3_moe", ranks_with(change))
     assert not outcome.passed
     assert needle in outcome.detail
+
+
+@pytest.mark.parametrize("field", ["dense_unequal", "max_abs_diff"])
+def test_a_missing_figure_fails(field: str) -> None:
+    results = ranks_with()
+    target = results[1]
+    assert target is not None
+    del target["results"]["qwen3_moe"][field]
+    outcome = _judge(EP_RUN, "qwen3_moe", results)
+    assert not outcome.passed
+    assert "rank 1" in outcome.detail
+
+
+def test_zero3_gathered_values_must_have_been_compared() -> None:
+    run = Run(Scenario.MOE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+    result = good_ep_result(0) | {"policy": "Zero3Init", "partitioned": 10, "gathered_unequal": []}
+    del result["experts"], result["dense_unequal"]
+    assert _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)]).passed
+    unequal = result | {"gathered_unequal": ["model.layers.0.mlp.experts.gate_up_proj"]}
+    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(unequal)}} for _ in range(2)])
+    assert "gathered values differ" in outcome.detail
+    del result["gathered_unequal"]
+    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
+    assert not outcome.passed
+    assert "no 'gathered_unequal'" in outcome.detail
 
 
 def test_a_rank_without_result_fails() -> None:
@@ -109,21 +146,45 @@ def test_refusal_must_reach_every_rank() -> None:
 
 def test_stock_expected_failure_and_unexpected_pass() -> None:
     stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
-    failing = _judge(stock, "qwen3_moe", ranks_with({"error": "ValueError: device_map"}, rank=0))
+    failing = _judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)])
     assert RunOutcome(stock, 1.0, (failing,)).met_expectation
     # A stock load that passes every check where stock must fail is reported (the matrix would be wrong).
     clean: list[dict[str, Any] | None] = [
         {"results": {"qwen3_moe": good_ep_result(r) | {"policy": None}}} for r in range(2)
     ]
     passing = _judge(stock, "qwen3_moe", clean)
-    assert passing.passed
+    assert not passing.failed_as_expected
+    assert "did not fail with" in passing.detail
     assert is_unexpected(RunOutcome(stock, 1.0, (passing,)))
+
+
+@pytest.mark.parametrize(
+    "other_failure",
+    [{"error": "ImportError: cannot import name 'x'"}, {"error": "RuntimeError: harness crashed"}],
+)
+def test_stock_failure_must_be_the_known_bug_on_every_rank(other_failure: dict[str, Any]) -> None:
+    stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
+    results = [ranks_with(BUG, 0)[0], ranks_with(other_failure, 1)[1]]
+    outcome = RunOutcome(stock, 1.0, (_judge(stock, "qwen3_moe", results),))
+    assert not outcome.met_expectation
+    assert is_unexpected(outcome)
+    assert "ranks [1] did not fail with" in outcome.archs[0].detail
+    # the right failures, but the launch timed out: not the bug either
+    both = [ranks_with(BUG, r)[r] for r in range(2)]
+    timed_out = RunOutcome(stock, 1.0, (_judge(stock, "qwen3_moe", both),), launch_error="timed out after 180s")
+    assert not timed_out.met_expectation
+
+
+def test_stock_failing_where_it_must_pass_fails_the_command() -> None:
+    stock = Run(Scenario.PLAIN_EP, Tree.STOCK, Launcher.TORCHRUN, 2)
+    failing = _judge(stock, "qwen3_moe", ranks_with({"error": "RuntimeError: broken"}))
+    assert is_unexpected(RunOutcome(stock, 1.0, (failing,)))
 
 
 def test_table_puts_stock_and_patched_side_by_side() -> None:
     stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
     outcomes = [
-        RunOutcome(stock, 2.0, (_judge(stock, "qwen3_moe", ranks_with({"error": "ValueError: device_map"})),)),
+        RunOutcome(stock, 2.0, (_judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)]),)),
         RunOutcome(EP_RUN, 3.0, (_judge(EP_RUN, "qwen3_moe", ranks_with()),)),
     ]
     (row,) = rows(outcomes)

@@ -140,9 +140,15 @@ def _weights_rel(
         if tuple(weight.shape) != tuple(full.shape):
             problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
             continue
-        if (relative := _relative(weight, full)) > largest or not worst:
-            largest, worst = relative, name
+        relative = _relative(weight, full)
+        if _worse(largest, relative) != largest or not worst:  # a NaN stays the worst
+            largest, worst = _worse(largest, relative), name
     return largest, worst, problems
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger difference, NaN if either is NaN (`max` keeps whichever NaN comes first or drops it)."""
+    return a + b if a != a or b != b else max(a, b)
 
 
 def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> dict[str, Any]:
@@ -167,16 +173,16 @@ def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> 
         if way is Way.EPMETA:
             problems += _handover_problems(rank, result)
         relative, _, found = _weights_rel(single["initial"], rank, result["initial"], result["expert_rows"])
-        initial_rel = max(initial_rel, relative)
+        initial_rel = _worse(initial_rel, relative)
         problems += found
         relative, name, found = _weights_rel(single["weights"], rank, result["weights"], result["expert_rows"])
-        if relative >= final_rel:
-            final_rel, worst = relative, name
+        if _worse(final_rel, relative) != final_rel or not worst:
+            final_rel, worst = _worse(final_rel, relative), name
         problems += found
     for what, value in (("losses", loss_rel), ("weights after deepspeed.initialize", initial_rel)):
-        if value > MAX_RELATIVE_DIFF:
+        if not (value <= MAX_RELATIVE_DIFF):  # NaN fails
             problems.append(f"{what} differ by {value:.2e} (relative)")
-    if final_rel > MAX_RELATIVE_DIFF:
+    if not (final_rel <= MAX_RELATIVE_DIFF):
         problems.append(f"final weights differ by {final_rel:.2e} (relative, worst: {worst})")
     return {
         "problems": sorted(set(problems)),
@@ -257,9 +263,9 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "frozen": [],
             "checkpoint_dir": "",
         }
-        # The reference runs on the patched tree (identical to stock without a distributed config), as in parity.
+        # The reference runs on the stock tree (not the code under test), as in parity.
         directory = out / "runs" / arch
-        error = _launch(spec | {"mode": "single"}, trees[Tree.PATCHED], directory / "single", 1, timeout)
+        error = _launch(spec | {"mode": "single"}, trees[Tree.STOCK], directory / "single", 1, timeout)
         if error is not None:
             failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {error}") for way in Way]
             print(*map(_line, failed), sep="\n", flush=True)

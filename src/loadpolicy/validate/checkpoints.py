@@ -1,10 +1,15 @@
-"""Build and save the tiny checkpoints (float32, safetensors, the architecture's own on-disk format)."""
+"""Build and save the tiny checkpoints (float32, safetensors, the architecture's own on-disk format), and the stock
+tree's one-process load of each, the reference every distributed load is judged against."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.validate.reference import load_reference, reference_path
+from loadpolicy.validate.runner import run_bounded, tree_env
 
 
 def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
@@ -21,3 +26,27 @@ def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
     model = getattr(transformers, arch.model_class)(config)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def build_references(cases: set[tuple[str, bool]], checkpoints: Path, stock: Path, timeout: float) -> None:
+    """Load every (arch, bnb_8bit) in one process on the stock tree and save its logits and parameters."""
+    references = reference_path(checkpoints, "", bnb_8bit=False).parent
+    references.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "cases": [
+            {"arch": arch, "bnb_8bit": bnb, "out": str(reference_path(checkpoints, arch, bnb))}
+            for arch, bnb in sorted(cases)
+        ],
+        "checkpoints": str(checkpoints.resolve()),
+    }
+    (references / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    command = [sys.executable, "-m", "loadpolicy.validate.reference", str(references / "spec.json")]
+    code = run_bounded(command, tree_env(stock), references / "reference.log", timeout)
+    if code != 0:
+        log = (references / "reference.log").read_text(encoding="utf-8")[-2000:]
+        raise RuntimeError(f"the stock one-process reference load exited {code}:\n{log}")
+    stock_src = stock.resolve() / "src"
+    for arch, bnb in cases:
+        imported = load_reference(reference_path(checkpoints, arch, bnb))["transformers_file"]
+        if not Path(imported).is_relative_to(stock_src):
+            raise RuntimeError(f"the reference of {arch} imported transformers from {imported}, not {stock_src}")

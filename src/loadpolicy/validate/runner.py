@@ -16,11 +16,13 @@ from typing import Any
 import loadpolicy
 from loadpolicy.validate.matrix import Launcher, Run, Tree, distributed_sizes
 from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.validate.reference import reference_path
 
 
 # train_batch_size is set per launch (ranks x micro batch)
 ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
 MAX_ABS_DIFF = 1e-5
+NAN = float("nan")  # what a missing figure reads as: it fails every `not (x <= bound)`
 OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
 
 
@@ -30,6 +32,8 @@ class ArchOutcome:
     passed: bool
     detail: str  # why it failed, or what it proved
     figures: dict[str, Any] = field(default_factory=dict)
+    # on stock, where the scenario must fail: every rank raised the scenario's stock error (not any failure)
+    failed_as_expected: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +46,7 @@ class RunOutcome:
     @property
     def met_expectation(self) -> bool:
         if self.run.tree is Tree.STOCK and self.run.spec.stock_fails:
-            return all(not arch.passed for arch in self.archs)
+            return self.launch_error is None and all(arch.failed_as_expected for arch in self.archs)
         return self.launch_error is None and all(arch.passed for arch in self.archs)
 
 
@@ -95,7 +99,12 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
     out.mkdir(parents=True, exist_ok=True)
     spec = run.spec
     cases = [
-        {"arch": a, "checkpoint": str(checkpoints / a), "model_class": ARCHITECTURES[a].model_class}
+        {
+            "arch": a,
+            "checkpoint": str(checkpoints / a),
+            "model_class": ARCHITECTURES[a].model_class,
+            "reference": str(reference_path(checkpoints, a, spec.bnb_8bit)),
+        }
         for a in spec.archs
     ]
     worker_spec = {
@@ -179,6 +188,9 @@ def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutco
             return ArchOutcome(arch, False, f"rank {rank}: not reached ({data.get('fatal', 'no result')})")
         per_rank.append(result)
     errors = [(rank, r["error"]) for rank, r in enumerate(per_rank) if "error" in r]
+    stock_error = run.spec.stock_error
+    if stock_error is not None and run.tree is Tree.STOCK:
+        return _judge_stock_failure(arch, stock_error, per_rank)
     refusal = run.spec.refusal
     if refusal is not None and run.tree is Tree.PATCHED:
         missing = [rank for rank, r in enumerate(per_rank) if refusal not in r.get("error", "")]
@@ -192,10 +204,19 @@ def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutco
     policies = {r["policy"] for r in per_rank}
     if len(policies) != 1:
         problems.append(f"ranks chose different policies: {[r['policy'] for r in per_rank]}")
-    figures = {"max_abs_diff": max(r["max_abs_diff"] for r in per_rank), "policy": per_rank[0]["policy"]}
+    figures = {"max_abs_diff": max(r.get("max_abs_diff", NAN) for r in per_rank), "policy": per_rank[0]["policy"]}
     if problems:
         return ArchOutcome(arch, False, "; ".join(problems)[:400], figures)
     return ArchOutcome(arch, True, f"{figures['policy']}, max abs diff {figures['max_abs_diff']:.1e}", figures)
+
+
+def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[dict[str, Any]]) -> ArchOutcome:
+    """Stock must fail with the known bug on every rank; any other failure (a crash, a timeout) is not the bug."""
+    other = [rank for rank, r in enumerate(per_rank) if stock_error not in r.get("error", "")]
+    if other:
+        detail = f"ranks {other} did not fail with {stock_error!r}: " + str(per_rank[other[0]].get("error", "loaded"))
+        return ArchOutcome(arch, False, detail[:300])
+    return ArchOutcome(arch, False, f"rank 0: {per_rank[0]['error'][:200]}", failed_as_expected=True)
 
 
 def _problems(run: Run, result: dict[str, Any]) -> list[str]:
@@ -211,8 +232,8 @@ def _problems(run: Run, result: dict[str, Any]) -> list[str]:
         if result[kind]
     )
     problems.extend(_placement_problems(run, result))
-    if not (result["max_abs_diff"] <= MAX_ABS_DIFF):  # NaN fails
-        problems.append(f"logits differ from one process by {result['max_abs_diff']:.2e}")
+    if not ((diff := result.get("max_abs_diff", NAN)) <= MAX_ABS_DIFF):  # NaN (or no figure) fails
+        problems.append(f"logits differ from the stock one-process load by {diff:.2e}")
     return problems
 
 
@@ -224,9 +245,10 @@ def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
     if run.spec.patched_policy == "Zero3Init":
         if result["partitioned"] != result["parameters"]:
             problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
-        if result.get("gathered_unequal"):
-            problems.append(f"gathered values differ from the checkpoint: {result['gathered_unequal'][:3]}")
-    elif run.spec.sizes is not None:
+        problems += _unequal_problems(result, "gathered_unequal", "gathered values")
+        return problems
+    problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
+    if run.spec.sizes is not None:
         if not result["experts"]:
             problems.append("no expert parameters found")
         for name, (local, full, equal) in result["experts"].items():
@@ -235,3 +257,12 @@ def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
             if not equal:
                 problems.append(f"{name}: not this rank's slice of the checkpoint")
     return problems
+
+
+def _unequal_problems(result: dict[str, Any], field: str, what: str) -> list[str]:
+    """Names whose values differ from the stock tree's one-process load; a missing field fails (nothing compared)."""
+    if field not in result:
+        return [f"{what} were not compared with the reference (no {field!r})"]
+    if result[field]:
+        return [f"{what} differ from the stock one-process load: {result[field][:3]}"]
+    return []

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from loadpolicy.upstream.checkout import checkout, pristine_tag
-from loadpolicy.validate.checkpoints import build_checkpoint
+from loadpolicy.validate.checkpoints import build_checkpoint, build_references
 from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
 from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
 from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
@@ -113,6 +113,12 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
     checkpoints = out.resolve() / "checkpoints"
     for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
         build_checkpoint(arch, checkpoints)
+    build_references(
+        {(a, spec.bnb_8bit) for spec in SCENARIOS.values() for a in spec.archs},
+        checkpoints,
+        trees[Tree.STOCK],
+        timeout,
+    )
     runs = fast_matrix() if fast else full_matrix()
     gpus = _visible_gpus()
     if gpus >= 2:

@@ -1,8 +1,9 @@
 """One rank of a validation run (`torchrun -m` or `accelerate launch -m loadpolicy.validate.worker SPEC OUT`).
 
-For every architecture of the run: a single-process reference load first (no ZeRO-3 yet), then ZeRO-3 is switched
-on the way the launcher's users do it (an `HfDeepSpeedConfig` under torchrun, an `Accelerator` under accelerate
-launch), and each model is loaded the distributed way and checked against its reference. Every rank writes its own
+For every architecture of the run: ZeRO-3 is switched on the way the launcher's users do it (an `HfDeepSpeedConfig`
+under torchrun, an `Accelerator` under accelerate launch), and each model is loaded the distributed way and checked,
+parameter by parameter and on its logits, against the stock tree's one-process load of the same checkpoint
+(`reference.py`, written before the run). Every rank writes its own
 result file, and a stage file saying where it is, so a timeout can report where each rank was.
 """
 
@@ -15,9 +16,22 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.validate.reference import input_ids, load_reference
+
 
 def _local(tensor: Any) -> Any:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _whole(tensor: Any) -> Any:
+    """A DTensor's full value (a collective: every rank calls it in the same parameter order), else the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _equal(tensor: Any, reference: Any) -> bool:
+    import torch
+
+    return reference is not None and tensor.shape == reference.shape and bool(torch.equal(tensor.cpu(), reference))
 
 
 class Rank:
@@ -40,17 +54,6 @@ def _quantization(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import BitsAndBytesConfig
 
     return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
-
-
-def _reference(spec: dict[str, Any], case: dict[str, Any], ids: Any) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    model_class = getattr(transformers, case["model_class"])
-    model = model_class.from_pretrained(case["checkpoint"], dtype=torch.float32, **_quantization(spec))
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits
-    return {"logits": logits, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
 def _enable_zero3(spec: dict[str, Any]) -> Any:
@@ -98,19 +101,22 @@ def _check(
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            unequal = [n for n, p in model.named_parameters() if not torch.equal(p.data.cpu(), params[n])]
+            unequal = [n for n, p in model.named_parameters() if not _equal(p.data, params.get(n))]
             with torch.no_grad():
                 logits = model(input_ids=ids).logits.cpu()
         result["gathered_unequal"] = unequal
     else:
-        experts = {}
+        experts, dense_unequal = {}, []
         for name, param in model.named_parameters():
             if ".experts." in name and spec["distributed"] is not None:
                 full, shard = params[name], _local(param.data).cpu()
                 n = full.shape[0] // rank.world_size
                 expected = full[rank.rank * n : (rank.rank + 1) * n]
                 experts[name] = [list(shard.shape), list(full.shape), bool(torch.equal(shard, expected))]
+            elif not _equal(_whole(param.data), params.get(name)):
+                dense_unequal.append(name)
         result["experts"] = experts
+        result["dense_unequal"] = dense_unequal
         with torch.no_grad():
             logits = _local(model(input_ids=ids).logits).cpu()
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
@@ -132,12 +138,10 @@ def main(spec_path: str, out_dir: str) -> None:
         # The runner checks this: a stale install must not stand in for the tree under test.
         meta["transformers_file"] = transformers.__file__
         torch.manual_seed(0)
-        ids = torch.arange(12).reshape(2, 6) % 64
-        references = {}
-        for case in spec["cases"]:
-            current = f"{case['arch']}: reference load"
-            rank.stage(current)
-            references[case["arch"]] = _reference(spec, case, ids)
+        ids = input_ids()
+        current = "read the stock tree's one-process references"
+        rank.stage(current)
+        references = {case["arch"]: load_reference(Path(case["reference"])) for case in spec["cases"]}
         if spec["zero3"]:
             current = "enable ZeRO-3"
             rank.stage(current)
