@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 from loadpolicy.upstream.git import git
+from loadpolicy.upstream.installer import run_pip
 from loadpolicy.upstream.pin import Pin, UpstreamError
 from loadpolicy.upstream.series import Series
 
@@ -27,7 +26,7 @@ def local_version(pin: Pin, series: Series) -> str:
 
 
 def _pip(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    result = run_pip(*args)
     if result.returncode:
         raise UpstreamError(f"pip {' '.join(args)} failed:\n{result.stderr.strip()[-4000:]}")
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from loadpolicy.upstream.installer import run_pip
 from loadpolicy.upstream.pin import Pin, UpstreamError
 
 
@@ -31,8 +30,7 @@ def verify(path: Path, pin: Pin) -> None:
 
 
 def _download(requirement: str, sdist: str, dest: Path) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-    result = subprocess.run([*command, "--dest", str(dest), requirement], capture_output=True, text=True, check=False)
+    result = run_pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", "--dest", str(dest), requirement)
     downloaded = dest / sdist
     if result.returncode != 0 or not downloaded.exists():
         raise UpstreamError(f"pip could not download {requirement} as an sdist:\n{result.stderr.strip()}")

@@ -1,0 +1,31 @@
+"""The pip that installs into, builds for and downloads for the running interpreter's environment.
+
+tox-uv creates environments without pip. There, pip of the interpreter the environment was made from runs with
+`--python` pointing at this environment (pip >= 22.3); if that has no pip either, the error says how to get one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from loadpolicy.upstream.pin import UpstreamError
+
+
+def pip_command() -> list[str]:
+    """`python -m pip` for this environment, or the base interpreter's pip aimed at it."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    base = getattr(sys, "_base_executable", sys.executable)
+    probe = subprocess.run([base, "-m", "pip", "--version"], capture_output=True, text=True, check=False)
+    if probe.returncode == 0:
+        return [base, "-m", "pip", "--python", sys.executable]
+    raise UpstreamError(
+        f"No pip for {sys.executable}: this environment has none (tox-uv makes environments without it) and neither "
+        f"has {base}. Install pip into either (`{base} -m ensurepip`), or set `uv_seed = true` for tox-uv."
+    )
+
+
+def run_pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*pip_command(), *args], capture_output=True, text=True, check=False)
