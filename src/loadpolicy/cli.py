@@ -145,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         UpstreamError,
         validate_command.ValidationFailedError,
         bench_command.BenchFailedError,
+        plan_command.CalibrationMissError,
+        mutants_command.MutationError,
     ) as exc:
         print(f"loadpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2

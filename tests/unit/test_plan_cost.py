@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadpolicy.plan.calibrate import CalibrationRow, launch_for_case
+from loadpolicy.plan.calibrate import GIB, CalibrationRow, launch_for_case
 from loadpolicy.plan.cost import Device, Launch, check_launch, predict
 from loadpolicy.plan.inventory import Inventory, TensorEntry
 from loadpolicy.plan.project import SHAPES, project_inventory
@@ -136,6 +136,41 @@ def test_bench_cases_map_to_the_launch_they_run() -> None:
 def test_calibration_row_flags_misses_beyond_20_percent() -> None:
     assert CalibrationRow("m", "c", 2, "peak", 1.19, 1.0).within
     assert not CalibrationRow("m", "c", 2, "peak", 0.79, 1.0).within
+    assert not CalibrationRow("m", "c", 2, "peak", float("nan"), 1.0).within
+
+
+def test_calibration_scores_the_model_s_own_part_not_the_baseline() -> None:
+    """1.5 GiB measured over a 1.0 GiB baseline is 0.5 GiB of the model's own: predicting 0.3 is a 40% miss, which
+    adding the baseline to both sides (1.3 / 1.5 = 0.87) would have hidden."""
+    from loadpolicy.plan.calibrate import measured_figures, misses
+
+    measured = {
+        "baseline_anon_gib": 0.6,
+        "baseline_file_gib": 0.4,
+        "peak_gib": {"median": 1.5},
+        "peak_anon_gib": {"median": 1.1},
+        "peak_file_gib": {"median": 0.4},
+        "held_gib": {"median": 1.5},
+    }
+    own = measured_figures(measured)
+    assert own["peak total"] / GIB == pytest.approx(0.5)
+    assert own["peak file-backed"] / GIB == pytest.approx(0.0)
+    row = CalibrationRow("m", "c", 2, "peak total", 0.3, own["peak total"] / GIB)
+    assert misses([row]) == [row]
+    # an own part under the noise floor is shown, not scored
+    tiny = CalibrationRow("m", "c", 2, "peak file-backed", 0.3, own["peak file-backed"] / GIB)
+    assert not tiny.scored
+    assert misses([tiny]) == []
+
+
+def test_a_third_of_the_full_bench_is_held_out() -> None:
+    from loadpolicy.bench.models import FULL
+    from loadpolicy.bench.run import CASES, _applies
+    from loadpolicy.plan.calibrate import HELD_OUT
+
+    cases = {(m.name, c.label, n) for m in FULL for c in CASES if _applies(c, m) for n in (2, 4)}
+    assert cases >= HELD_OUT
+    assert len(HELD_OUT) * 3 >= len(cases)
 
 
 def test_projection_uses_the_launch_shapes_users_run() -> None:

@@ -1,12 +1,14 @@
 """`loadpolicy bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
 
 Each launch starts from a cold page cache for the checkpoint (its pages are evicted with `posix_fadvise`), runs
-torchrun on the patched tree (Zero3Init there is stock behaviour), and every rank reports its figures
+torchrun on the patched tree (Zero3Init on the stock tree: the patched tree's loads add store exchanges), and every
+rank reports its figures
 (`bench/worker.py`). Per (model, policy, ranks) the report gives the median over repeats, with min and max, of the
 slowest rank's load time and of the largest per-rank peak; the ideal per rank is the bytes it owns after loading plus
 the baseline: the same process's RSS just before `from_pretrained`, when it has imported everything (the model's module
 included) and loaded nothing. A rank's peak is the larger of the peak sampled during `from_pretrained` and its RSS once
-every loaded tensor has been touched: memory-mapped weights that loading left untouched count too.
+every loaded tensor has been touched: memory-mapped weights that loading left untouched count too. The table also gives
+the two apart: "loading" (the peak during `from_pretrained`) and "touched" (the RSS after touching every tensor).
 
 Launches run with `MALLOC_MMAP_THRESHOLD_` fixed at 1 MiB. glibc's default raises its mmap threshold after large frees,
 after which the buffers that merging per-expert keys frees stay in the heap: on moe-850m at 2 ranks that varied the
@@ -46,10 +48,32 @@ class Case:
     requested: str | None = None
     moe_only: bool = False
     dense_only: bool = False
+    # stock 5.23.0 for what stock does: the patched tree's loads add store exchanges (agreement, fail-together)
+    tree: Tree = Tree.PATCHED
+
+    def problems(self, results: list[dict[str, Any]], tree: Path) -> list[str]:
+        """What makes a launch not this case: another policy, another tree, or (stock) parameters not partitioned."""
+        expected = self.policy if self.tree is Tree.PATCHED else None  # stock has no `_load_policy`
+        problems = [
+            f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
+        ]
+        src = tree.resolve() / "src"
+        problems += [
+            f"rank {r['rank']} imported transformers from {r['transformers_file']}, not from {src}"
+            for r in results
+            if not Path(r["transformers_file"]).is_relative_to(src)
+        ]
+        if self.policy == "Zero3Init":
+            problems += [
+                f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
+                for r in results
+                if r["unpartitioned"]
+            ]
+        return problems
 
 
 CASES = (
-    Case("Zero3Init (stock)", "Zero3Init", zero3=True),
+    Case("Zero3Init (stock)", "Zero3Init", zero3=True, tree=Tree.STOCK),
     Case("MetaShardOnRead: plain EP", "MetaShardOnRead", zero3=False, ep=True, moe_only=True),
     Case("MetaShardOnRead: dense ZeRO-3", "MetaShardOnRead", zero3=True, requested="MetaShardOnRead", dense_only=True),
     Case("EPMeta: EP under ZeRO-3", "EPMeta", zero3=True, ep=True, moe_only=True),
@@ -108,6 +132,7 @@ class Row:
     peak_anon_gib: dict[str, float]
     peak_file_gib: dict[str, float]
     held_gib: dict[str, float]  # resident after loading and touching every parameter
+    load_peak_gib: dict[str, float]  # largest per-rank peak RSS sampled during from_pretrained only
     read_gib: dict[str, float]  # bytes read from storage, summed over ranks
     ideal_gib: float  # largest per-rank (owned bytes + baseline RSS)
     peak_over_ideal: float
@@ -141,6 +166,7 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         peak_anon_gib=per_repeat(lambda r: _peak(r, "anon")),
         peak_file_gib=per_repeat(lambda r: _peak(r, "file")),
         held_gib=per_repeat(lambda r: r["held_total"]),
+        load_peak_gib=per_repeat(lambda r: r["peak_total"]),
         read_gib=per_repeat(lambda r: r["read_bytes"], sum),
         ideal_gib=ideal,
         peak_over_ideal=peak["median"] / ideal,
@@ -171,16 +197,17 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                         "model_class": model.model_class,
                     }
                     name = f"{model.name}-{case.policy}-{case.ep}-{ranks}-{repeat}"
-                    results, error = _launch(spec, ranks, trees[Tree.PATCHED], out / "runs" / name, timeout)
-                    wrong = {r["policy"] for r in results} - {case.policy}
-                    error = error or (f"ranks selected {sorted(wrong)}, expected {case.policy}" if wrong else None)
+                    results, error = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
+                    error = error or "; ".join(case.problems(results, trees[case.tree]))[:300] or None
                     if error:
                         break
                     runs.append(results)
                 row = (
                     _row(model, params, case, ranks, runs)
                     if not error
-                    else Row(model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error=error)
+                    else Row(
+                        model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error=error
+                    )
                 )
                 rows.append(row)
                 print(render_table([row], header=False), flush=True)
@@ -192,7 +219,7 @@ def render_table(rows: list[Row], header: bool = True) -> str:
     if header:
         lines.append(
             f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'peak GiB/rank':>22} "
-            f"{'anon/file':>11} {'held':>6} {'read GiB':>8} {'ideal':>6} {'peak/ideal':>10}"
+            f"{'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'ideal':>6} {'peak/ideal':>10}"
         )
     for r in rows:
         if r.error:
@@ -202,7 +229,8 @@ def render_table(rows: list[Row], header: bool = True) -> str:
         lines.append(
             f"{r.model:<11} {r.case:<30} {r.ranks:>5} {s['median']:>7.2f} ({s['min']:.2f}-{s['max']:.2f}) "
             f"{p['median']:>9.2f} ({p['min']:.2f}-{p['max']:.2f}) "
-            f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} {r.held_gib['median']:>6.2f} "
+            f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} "
+            f"{r.load_peak_gib['median']:>7.2f} {r.held_gib['median']:>7.2f} "
             f"{r.read_gib['median']:>8.2f} {r.ideal_gib:>6.2f} {r.peak_over_ideal:>10.2f}"
         )
     return "\n".join(lines)

@@ -124,9 +124,12 @@ def main(spec_path: str, out_dir: str) -> None:
             local.sum()  # touch: memory-mapped pages become resident (no full-size temporary)
     held = _status()
     io_touched = _io()  # pages of memory-mapped tensors that loading left untouched are read on first use
+    policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result = {
         "rank": rank,
-        "policy": type(getattr(model, "_load_policy", None)).__name__,
+        "policy": None if policy is None else type(policy).__name__,
+        "transformers_file": transformers.__file__,
+        "unpartitioned": sum(not hasattr(p, "ds_id") for p in model.parameters()),
         "seconds": seconds,
         "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
         "anon_before": before["RssAnon"],

@@ -1,11 +1,18 @@
 """Calibration: the cost model's predictions for a `loadpolicy bench` run, beside what that run measured.
 
 For every benchmarked (model, policy, ranks) it predicts the bench's own figures: the largest per-rank peak RSS (total,
-anonymous, file-backed), what the largest rank holds after loading, and the storage reads of all ranks together (the
-ranks share one page cache, so together they read each checkpoint byte that any of them needs once). The baseline is
-not predicted: it is the bench's measured RSS just before `from_pretrained` (split into anonymous and file-backed),
-added to each figure. Peaks are the bench's: the larger of the peak during loading and the RSS once every loaded tensor
-has been touched, so the predicted peak file-backed memory is what the rank read.
+anonymous, file-backed) and what the largest rank holds after loading. Peaks are the bench's: the larger of the peak
+during loading and the RSS once every loaded tensor has been touched, so the predicted peak file-backed memory is what
+the rank read.
+
+What is scored is the model's own part: measured minus the baseline (the bench's RSS just before `from_pretrained`),
+against the prediction, which has no baseline. Adding the measured baseline to both sides would score the process's
+imports as if the model had predicted them. Storage reads are not scored: the ranks share one page cache, so together
+they read the whole checkpoint under every policy, a constant the model cannot get wrong. A figure whose own part is
+under `MIN_SCORED_GIB` is shown and not scored (the smoke models: noise would decide).
+
+`HELD_OUT` names a third of the cases: the model may be changed only by what the other cases show, and its held-out
+score says whether the change generalises. `plan calibrate` exits non-zero when a scored figure misses.
 """
 
 from __future__ import annotations
@@ -24,6 +31,18 @@ from loadpolicy.policy import PolicyName, parse_policy_name
 
 GIB = 1024**3
 TOLERANCE = 0.20  # the issue's bound: predictions within 20% of measurements
+MIN_SCORED_GIB = 0.1  # own parts below this are within the RSS noise of a launch (a few tens of MiB)
+# (model, case, ranks) kept out of tuning: 6 of the 16 cases of the full bench, named before the run that scores them
+HELD_OUT = frozenset(
+    {
+        ("moe-850m", "Zero3Init (stock)", 4),
+        ("moe-850m", "MetaShardOnRead: plain EP", 4),
+        ("moe-850m", "EPMeta: EP under ZeRO-3", 4),
+        ("dense-300m", "Zero3Init (stock)", 4),
+        ("dense-300m", "MetaShardOnRead: dense ZeRO-3", 4),
+        ("moe-300m", "EPMeta: EP under ZeRO-3", 2),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,16 +51,21 @@ class CalibrationRow:
     case: str
     ranks: int
     figure: str
-    predicted_gib: float
-    measured_gib: float
+    predicted_gib: float  # the model's own part: no baseline
+    measured_gib: float  # measured minus the baseline
+    held_out: bool = False
 
     @property
     def ratio(self) -> float:
-        return self.predicted_gib / self.measured_gib if self.measured_gib else float("inf")
+        return self.predicted_gib / self.measured_gib if self.measured_gib > 0 else float("inf")
+
+    @property
+    def scored(self) -> bool:
+        return self.measured_gib >= MIN_SCORED_GIB
 
     @property
     def within(self) -> bool:
-        return abs(self.ratio - 1) <= TOLERANCE
+        return abs(self.ratio - 1) <= TOLERANCE  # NaN and inf fail
 
 
 def launch_for_case(label: str, ranks: int) -> Launch:
@@ -58,24 +82,25 @@ def launch_for_case(label: str, ranks: int) -> Launch:
     return Launch(ranks, policy, ep=ep, tp=tp, zero3=case.zero3 and policy is PolicyName.META_SHARD_ON_READ)
 
 
-def predicted_figures(plan: Plan, base_anon: float, base_file: float) -> dict[str, float]:
+def predicted_figures(plan: Plan) -> dict[str, float]:
+    """The model's own part of each figure, in bytes (the largest rank's)."""
     costs = plan.ranks
     return {
-        "peak total": base_anon + base_file + max(c.peak_anon.nbytes + c.peak_file.nbytes for c in costs),
-        "peak anonymous": base_anon + max(c.peak_anon.nbytes for c in costs),
-        "peak file-backed": base_file + max(c.peak_file.nbytes for c in costs),
-        "held": base_anon + base_file + max(c.resident.nbytes for c in costs),
-        "reads, all ranks": float(plan.inventory.total_bytes),
+        "peak total": max(c.peak_anon.nbytes + c.peak_file.nbytes for c in costs),
+        "peak anonymous": max(c.peak_anon.nbytes for c in costs),
+        "peak file-backed": max(c.peak_file.nbytes for c in costs),
+        "held": max(c.resident.nbytes for c in costs),
     }
 
 
 def measured_figures(row: dict[str, Any]) -> dict[str, float]:
+    """The same figures measured, minus the baseline of the kind of memory each counts, in bytes."""
+    anon, file = row["baseline_anon_gib"], row["baseline_file_gib"]
     return {
-        "peak total": row["peak_gib"]["median"] * GIB,
-        "peak anonymous": row["peak_anon_gib"]["median"] * GIB,
-        "peak file-backed": row["peak_file_gib"]["median"] * GIB,
-        "held": row["held_gib"]["median"] * GIB,
-        "reads, all ranks": row["read_gib"]["median"] * GIB,
+        "peak total": (row["peak_gib"]["median"] - anon - file) * GIB,
+        "peak anonymous": (row["peak_anon_gib"]["median"] - anon) * GIB,
+        "peak file-backed": (row["peak_file_gib"]["median"] - file) * GIB,
+        "held": (row["held_gib"]["median"] - anon - file) * GIB,
     }
 
 
@@ -92,27 +117,34 @@ def calibrate(bench: Path) -> list[CalibrationRow]:
         if model.name not in inventories:
             inventories[model.name] = inventory_from_config(model.transformers_config())
         plan = predict(launch_for_case(measured["case"], measured["ranks"]), inventories[model.name])
-        base = (measured["baseline_anon_gib"] * GIB, measured["baseline_file_gib"] * GIB)
-        predicted = predicted_figures(plan, *base)
+        held_out = (model.name, measured["case"], measured["ranks"]) in HELD_OUT
         rows += [
-            CalibrationRow(model.name, measured["case"], measured["ranks"], figure, value / GIB, got / GIB)
-            for (figure, value), got in zip(predicted.items(), measured_figures(measured).values(), strict=True)
+            CalibrationRow(model.name, measured["case"], measured["ranks"], figure, value / GIB, got / GIB, held_out)
+            for (figure, value), got in zip(
+                predicted_figures(plan).items(), measured_figures(measured).values(), strict=True
+            )
         ]
     return rows
 
 
 def render_calibration(rows: list[CalibrationRow]) -> str:
     lines = [
-        "| model | policy | ranks | figure | predicted GiB | measured GiB | predicted / measured |",
-        "|---|---|---:|---|---:|---:|---:|",
+        "| model | policy | ranks | set | figure | predicted GiB | measured - baseline GiB | predicted / measured |",
+        "|---|---|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
-        flag = "" if r.within else " **outside 20%**"
+        flag = " (not scored: own part too small)" if not r.scored else "" if r.within else " **outside 20%**"
         lines.append(
-            f"| {r.model} | {r.case} | {r.ranks} | {r.figure} | {r.predicted_gib:.2f} | {r.measured_gib:.2f} "
-            f"| {r.ratio:.2f}{flag} |"
+            f"| {r.model} | {r.case} | {r.ranks} | {'held out' if r.held_out else 'tuning'} | {r.figure} "
+            f"| {r.predicted_gib:.2f} | {r.measured_gib:.2f} | {r.ratio:.2f}{flag} |"
         )
-    outside = sum(not r.within for r in rows)
     lines.append("")
-    lines.append(f"{len(rows) - outside}/{len(rows)} figures within {TOLERANCE:.0%} of the measurement.")
+    for name, held_out in (("tuning", False), ("held out", True)):
+        scored = [r for r in rows if r.scored and r.held_out is held_out]
+        lines.append(f"{name}: {sum(r.within for r in scored)}/{len(scored)} scored figures within {TOLERANCE:.0%}.")
     return "\n".join(lines)
+
+
+def misses(rows: list[CalibrationRow]) -> list[CalibrationRow]:
+    """Scored figures outside the tolerance: `plan calibrate` fails on any."""
+    return [r for r in rows if r.scored and not r.within]

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.plan.calibrate import calibrate, render_calibration
+from loadpolicy.plan.calibrate import TOLERANCE, calibrate, misses, render_calibration
 from loadpolicy.plan.configs import PUBLISHED, published_config
 from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
@@ -76,7 +76,14 @@ def _run_calibrate(args: argparse.Namespace) -> str:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(text + "\n", encoding="utf-8")
     (args.out / "calibration.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    if missed := misses(rows):
+        names = ", ".join(f"{r.model} {r.case} x{r.ranks} {r.figure} ({r.ratio:.2f})" for r in missed)
+        raise CalibrationMissError(f"{text}\n\n{len(missed)} scored figures outside {TOLERANCE:.0%}: {names}")
     return text
+
+
+class CalibrationMissError(RuntimeError):
+    """The cost model missed a measured figure by more than the tolerance."""
 
 
 def _run_project(args: argparse.Namespace) -> str:
