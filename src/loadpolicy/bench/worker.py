@@ -86,6 +86,19 @@ def _load(spec: dict[str, Any], world: int, model_class: Any) -> Any:
     return model_class.from_pretrained(spec["checkpoint"], **kwargs)
 
 
+def _touch_every_tensor(model: Any) -> int:
+    """Touch every parameter and buffer (memory-mapped pages become resident, no full-size temporary); their bytes."""
+    import torch  # noqa: PLC0415
+
+    owned = 0
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            local = _local(tensor)
+            owned += local.numel() * local.element_size()
+            local.sum()
+    return owned
+
+
 def main(spec_path: str, out_dir: str) -> None:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
@@ -116,12 +129,7 @@ def main(spec_path: str, out_dir: str) -> None:
     seconds = time.perf_counter() - start
     io_after = _io()
     peak_hwm = _status()["VmHWM"]
-    owned = 0
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            local = _local(tensor)
-            owned += local.numel() * local.element_size()
-            local.sum()  # touch: memory-mapped pages become resident (no full-size temporary)
+    owned = _touch_every_tensor(model)
     held = _status()
     io_touched = _io()  # pages of memory-mapped tensors that loading left untouched are read on first use
     policy = getattr(model, "_load_policy", None)  # stock transformers has none

@@ -301,7 +301,7 @@ def _mib(values: list[float]) -> str:
     return " / ".join(f"{v:.0f}" for v in values)
 
 
-def render_markdown(rows: list[Row], command: str, clip: float) -> str:
+def _table(rows: list[Row]) -> list[str]:
     header = (
         "| arch | way | from_pretrained s (slowest rank) | peak RSS in from_pretrained, MiB (r0 / r1 / r2 / r3) "
         "| rise over RSS before, MiB | deepspeed.initialize s (slowest rank) | peak RSS in initialize, MiB "
@@ -319,6 +319,11 @@ def render_markdown(rows: list[Row], command: str, clip: float) -> str:
             f"| {r.init_s:.2f} | {_mib(r.init_peak_mib)} | {_mib(r.init_rise_mib)} "
             f"| {_e(r.loss_rel)} | {_e(r.initial_rel)} | {_e(r.final_rel)} | {result} |"
         )
+    return lines
+
+
+def render_markdown(rows: list[Row], command: str, clip: float) -> str:
+    lines = _table(rows)
     sections = [
         "# EPMeta against DeepSpeed AutoEP",
         "",

@@ -275,12 +275,11 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     return result
 
 
-def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
-    from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: PLC0415
+def _training_arguments(spec: dict[str, Any], world: int, out: Path) -> Any:
+    from transformers import TrainingArguments  # noqa: PLC0415
 
-    world = int(os.environ["WORLD_SIZE"])
     ds_config = _ds_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
-    args = TrainingArguments(
+    return TrainingArguments(
         output_dir=str(out / "trainer"),
         deepspeed=ds_config,
         per_device_train_batch_size=MICRO_BATCH,
@@ -298,6 +297,13 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
         use_cpu=True,
         disable_tqdm=True,
     )
+
+
+def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
+    from transformers import Trainer, TrainerCallback  # noqa: PLC0415
+
+    world = int(os.environ["WORLD_SIZE"])
+    args = _training_arguments(spec, world, out)
     stage("from_pretrained")
     model = _load_ep(spec, world)
     loaded = _loaded(model)
