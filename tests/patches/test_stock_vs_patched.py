@@ -14,8 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from loadpolicy.validate.matrix import Tree
-from loadpolicy.validate.validate import prepare_trees
+from loadpolicy.harness.launch import Tree
+from loadpolicy.harness.trees import prepare_trees
 
 
 ROOT = Path(__file__).resolve().parents[2]

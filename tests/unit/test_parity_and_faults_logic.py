@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from loadpolicy.harness.launch import Tree
 from loadpolicy.validate.faults import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
-from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR, Tree
+from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR
 from loadpolicy.validate.parity import (
     ParityCase,
     Trainer,

@@ -8,18 +8,10 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.validate.matrix import (
-    SCENARIOS,
-    STOCK_DEVICE_MAP_ERROR,
-    Launcher,
-    Run,
-    Scenario,
-    Tree,
-    fast_matrix,
-    full_matrix,
-)
+from loadpolicy.harness.launch import Launcher, Tree, accelerate_config
+from loadpolicy.validate.matrix import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
 from loadpolicy.validate.report import is_unexpected, render_table, rows
-from loadpolicy.validate.runner import RunOutcome, _accelerate_config, _judge
+from loadpolicy.validate.runner import RunOutcome, _judge
 
 
 def test_fast_matrix_covers_every_scenario_on_both_trees_at_two_ranks() -> None:
@@ -194,7 +186,7 @@ def test_table_puts_stock_and_patched_side_by_side() -> None:
 
 
 def test_accelerate_config_is_deepspeed_zero3(tmp_path: Path) -> None:
-    text = _accelerate_config(tmp_path / "a.yaml", 4, 29500).read_text(encoding="utf-8")
+    text = accelerate_config(tmp_path / "a.yaml", 4, 29500).read_text(encoding="utf-8")
     assert "distributed_type: DEEPSPEED" in text
     assert "zero_stage: 3" in text
     assert "num_processes: 4" in text

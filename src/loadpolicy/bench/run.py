@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -28,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
-from loadpolicy.validate.matrix import Launcher, Tree
-from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
-from loadpolicy.validate.validate import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 
 
 GIB = 1024**3
@@ -82,18 +81,6 @@ CASES = (
 
 def _applies(case: Case, model: BenchModel) -> bool:
     return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
-
-
-def evict_from_page_cache(path: Path) -> None:
-    """Drop the checkpoint's pages from the page cache, so every launch reads from storage (cold start)."""
-    for file in path.iterdir():
-        if file.is_file():
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def _launch(

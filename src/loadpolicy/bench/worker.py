@@ -14,57 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-
-def _status() -> dict[str, int]:
-    """Resident memory of this process in bytes: anonymous, file-backed, shared, and the kernel's peak."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "RssFile", "RssShmem", "VmHWM", "VmRSS"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
-def _io() -> dict[str, int]:
-    pairs = (line.split(":") for line in Path("/proc/self/io").read_text(encoding="utf-8").splitlines())
-    return {key: int(value) for key, value in pairs}
-
-
-class PeakSampler:
-    """Track the largest anonymous, file-backed and total RSS seen while running."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.peak = {"anon": 0, "file": 0, "total": 0}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            time.sleep(interval)
-
-    def sample(self) -> None:
-        status = _status()
-        anon, file = status["RssAnon"], status["RssFile"] + status["RssShmem"]
-        self.peak = {
-            "anon": max(self.peak["anon"], anon),
-            "file": max(self.peak["file"], file),
-            "total": max(self.peak["total"], anon + file),
-        }
-
-    def __enter__(self) -> PeakSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
+from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 
 
 def _local(param: Any) -> Any:
@@ -121,17 +75,17 @@ def main(spec_path: str, out_dir: str) -> None:
     model_class = getattr(transformers, spec["model_class"])
     torch.distributed.barrier()  # every rank starts loading together
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
-    before = _status()
-    io_before = _io()
+    before = memory_status()
+    io_before = io_counters()
     start = time.perf_counter()
     with PeakSampler() as sampler:
         model = _load(spec, world, model_class)
     seconds = time.perf_counter() - start
-    io_after = _io()
-    peak_hwm = _status()["VmHWM"]
+    io_after = io_counters()
+    peak_hwm = memory_status()["VmHWM"]
     owned = _touch_every_tensor(model)
-    held = _status()
-    io_touched = _io()  # pages of memory-mapped tensors that loading left untouched are read on first use
+    held = memory_status()
+    io_touched = io_counters()  # pages of memory-mapped tensors that loading left untouched are read on first use
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result = {
         "rank": rank,

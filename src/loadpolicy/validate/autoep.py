@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.bench.run import evict_from_page_cache
+from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.validate.checkpoints import build_checkpoint
-from loadpolicy.validate.matrix import Launcher, Tree
 from loadpolicy.validate.models import ARCHITECTURES
 from loadpolicy.validate.parity import MAX_RELATIVE_DIFF, _handover_problems, _load, _relative
-from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
-from loadpolicy.validate.validate import ValidationFailedError, prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.validate.validate import ValidationFailedError
 
 
 ARCHS = ("qwen3_moe", "mixtral")

@@ -10,7 +10,7 @@
   `deepspeed.initialize` with an `expert_parallel` section, which swaps every MoE block for an `AutoEPMoELayer`.
 
 Both ways: the process group is started first (gloo on CPU), every rank starts each measured stage after a barrier,
-and `from_pretrained` and `deepspeed.initialize` are each timed with their peak RSS (`bench.worker.PeakSampler` plus
+and `from_pretrained` and `deepspeed.initialize` are each timed with their peak RSS (`harness.procfs.PeakSampler` plus
 the kernel's `VmHWM`, reset just before). The ranks of one EP group share a micro-batch (one data-parallel replica
 per EP group, as `parity_worker` feeds them). Weights are gathered after `deepspeed.initialize` and after the last
 step and written in the Hugging Face layout (AutoEP's `router.gate` and `experts.w1/w2/w3` mapped back), experts as
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.bench.worker import PeakSampler, _status
+from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.validate import parity_worker
 
 
@@ -84,7 +84,7 @@ def _measured(figures: dict[str, Any], name: str) -> Iterator[None]:
     """Time the block on this rank and record its peak RSS; every rank starts it together."""
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
-    before = _status()
+    before = memory_status()
     start = time.perf_counter()
     with PeakSampler() as sampler:
         yield
@@ -94,7 +94,7 @@ def _measured(figures: dict[str, Any], name: str) -> Iterator[None]:
         "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
         "peak_anon": sampler.peak["anon"],
         "peak_file": sampler.peak["file"],
-        "peak_total": max(sampler.peak["total"], _status()["VmHWM"]),
+        "peak_total": max(sampler.peak["total"], memory_status()["VmHWM"]),
     }
 
 

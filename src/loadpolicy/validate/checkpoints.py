@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from loadpolicy.harness.launch import run_bounded, tree_env
 from loadpolicy.validate.models import ARCHITECTURES
 from loadpolicy.validate.reference import load_reference, reference_path
-from loadpolicy.validate.runner import run_bounded, tree_env
 
 
 def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.validate.matrix import Launcher
+from loadpolicy.harness.launch import Launcher, launch_command, stages, tree_env
 from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.runner import launch_command, stages, tree_env
 
 
 MAX_SECONDS_TO_ERROR = 30.0

@@ -5,17 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.validate.models import ARCHITECTURES
-
-
-class Tree(enum.StrEnum):
-    STOCK = "stock"
-    PATCHED = "patched"
-
-
-class Launcher(enum.StrEnum):
-    TORCHRUN = "torchrun"
-    ACCELERATE = "accelerate"
 
 
 class Scenario(enum.StrEnum):

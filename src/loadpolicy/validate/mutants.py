@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import loadpolicy
+from loadpolicy.harness.launch import Launcher, Tree
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.validate.checkpoints import build_checkpoint, build_references
 from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
-from loadpolicy.validate.matrix import SCENARIOS, Launcher, Run, Scenario, Tree
+from loadpolicy.validate.matrix import SCENARIOS, Run, Scenario
 from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
 from loadpolicy.validate.runner import launch
-from loadpolicy.validate.validate import prebuild_deepspeed_ops, prepare_trees
 
 
 OUR_PACKAGE = Path(loadpolicy.__file__).resolve().parent

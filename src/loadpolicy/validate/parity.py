@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR, Launcher, Tree
+from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR
 from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.runner import launch_command, run_bounded, stages, tree_env
 
 
 MAX_RELATIVE_DIFF = 1e-5

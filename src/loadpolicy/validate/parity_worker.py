@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.bench.worker import _status
+from loadpolicy.harness.procfs import memory_status
 
 
 Stage = Callable[[str], None]
@@ -160,9 +160,9 @@ def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> 
     """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
     stage("save hub checkpoint")
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
-    before = _status()["VmRSS"]
+    before = memory_status()["VmRSS"]
     save(spec["export_dir"])
-    return {"save_peak_rise_mib": (_status()["VmHWM"] - before) / 2**20}
+    return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20}
 
 
 def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:

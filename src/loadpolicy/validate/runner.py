@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import loadpolicy
-from loadpolicy.validate.matrix import Launcher, Run, Tree, distributed_sizes
+from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.validate.matrix import Run, distributed_sizes
 from loadpolicy.validate.models import ARCHITECTURES
 from loadpolicy.validate.reference import reference_path
 
@@ -23,7 +18,6 @@ from loadpolicy.validate.reference import reference_path
 ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
 MAX_ABS_DIFF = 1e-5
 NAN = float("nan")  # what a missing figure reads as: it fails every `not (x <= bound)`
-OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,51 +42,6 @@ class RunOutcome:
         if self.run.tree is Tree.STOCK and self.run.spec.stock_fails:
             return self.launch_error is None and all(arch.failed_as_expected for arch in self.archs)
         return self.launch_error is None and all(arch.passed for arch in self.archs)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _accelerate_config(path: Path, ranks: int, port: int) -> Path:
-    # What users of PR #45548 run: accelerate launch with DeepSpeed ZeRO-3 and zero3_init_flag on.
-    path.write_text(
-        "\n".join(
-            [
-                "compute_environment: LOCAL_MACHINE",
-                "distributed_type: DEEPSPEED",
-                "deepspeed_config:",
-                "  zero_stage: 3",
-                "  zero3_init_flag: true",
-                "  zero3_save_16bit_model: true",
-                "  gradient_accumulation_steps: 1",
-                "  offload_optimizer_device: none",
-                "  offload_param_device: none",
-                f"num_processes: {ranks}",
-                "num_machines: 1",
-                "machine_rank: 0",
-                f"main_process_port: {port}",
-                "mixed_precision: 'no'",
-                "use_cpu: true",
-                "",
-            ]
-        ),
-        encoding="utf-8",
-    )
-    return path
-
-
-def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path) -> list[str]:
-    """The command line that starts `worker` (python arguments) on `ranks` processes with `launcher`."""
-    port = _free_port()
-    if launcher is Launcher.TORCHRUN:
-        run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
-        return [*run, *worker]
-    config = _accelerate_config(out / "accelerate.yaml", ranks, port)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
 
 
 def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float) -> RunOutcome:
@@ -132,42 +81,6 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
         launch_error = f"ranks imported transformers from {sorted(map(str, imported))}, not from {tree_src}"
     archs = tuple(_judge(run, arch, ranks) for arch in spec.archs)
     return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
-
-
-def tree_env(tree: Path) -> dict[str, str]:
-    """The environment of a launch on `tree`: its `src` first on PYTHONPATH, then our package, offline."""
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(OUR_SRC)]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-
-
-def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
-    """Run `command` in its own session; on timeout kill the whole group (launcher and ranks) and return None."""
-    with (
-        log.open("w", encoding="utf-8") as handle,
-        subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True) as proc,
-    ):
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
-
-
-def stages(out: Path, ranks: int) -> str:
-    where = []
-    for rank in range(ranks):
-        path = out / f"rank{rank}.stage"
-        where.append(
-            f"rank {rank} at {path.read_text(encoding='utf-8')!r}" if path.exists() else f"rank {rank}: no stage"
-        )
-    return ", ".join(where)
 
 
 def _read_rank(out: Path, rank: int) -> dict[str, Any] | None:

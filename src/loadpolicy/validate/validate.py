@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from loadpolicy.upstream.checkout import checkout, pristine_tag
+from loadpolicy.harness.launch import Tree
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.validate.checkpoints import build_checkpoint, build_references
 from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
-from loadpolicy.validate.matrix import SCENARIOS, Tree, fast_matrix, full_matrix
+from loadpolicy.validate.matrix import SCENARIOS, fast_matrix, full_matrix
 from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
 from loadpolicy.validate.report import (
     is_unexpected,
@@ -24,23 +22,6 @@ from loadpolicy.validate.report import (
     write_json,
 )
 from loadpolicy.validate.runner import RunOutcome, launch
-
-
-def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
-    """The patched checkout and a worktree of its pristine commit, side by side under `out/trees`."""
-    trees = out.resolve() / "trees"
-    shutil.rmtree(trees, ignore_errors=True)
-    trees.mkdir(parents=True)
-    patched = trees / "patched"
-    pin = checkout(patched, patches, cache)
-    pristine = trees / "stock"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(pristine), pristine_tag(pin)],
-        cwd=patched,
-        check=True,
-        capture_output=True,
-    )
-    return {Tree.STOCK: pristine, Tree.PATCHED: patched}
 
 
 # Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
@@ -90,21 +71,6 @@ def _visible_gpus() -> int:
 
     count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return count
-
-
-def prebuild_deepspeed_ops(out: Path) -> None:
-    """Build DeepSpeed's CPU communication op once, here, before any rank needs it.
-
-    Every rank of a launch JIT-builds it under a file lock on first use; a rank killed while holding the lock (a
-    timeout, a killed-rank case) leaves the lock behind and every later launch waits on it until its bound. With no
-    rank running yet, a lock found here is stale.
-    """
-    extensions = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(out.resolve() / "torch_extensions")))
-    for stale in extensions.rglob("lock"):
-        stale.unlink()
-    from deepspeed.comm.torch import build_shm_op  # the orchestrator imports DeepSpeed only here
-
-    build_shm_op()
 
 
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:

@@ -1,0 +1,107 @@
+"""A launch: torchrun or `accelerate launch` on one tree, bounded, in its own session, with stage files per rank."""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import loadpolicy
+
+
+OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
+
+
+class Tree(enum.StrEnum):
+    STOCK = "stock"
+    PATCHED = "patched"
+
+
+class Launcher(enum.StrEnum):
+    TORCHRUN = "torchrun"
+    ACCELERATE = "accelerate"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def accelerate_config(path: Path, ranks: int, port: int) -> Path:
+    # What users of PR #45548 run: accelerate launch with DeepSpeed ZeRO-3 and zero3_init_flag on.
+    path.write_text(
+        "\n".join(
+            [
+                "compute_environment: LOCAL_MACHINE",
+                "distributed_type: DEEPSPEED",
+                "deepspeed_config:",
+                "  zero_stage: 3",
+                "  zero3_init_flag: true",
+                "  zero3_save_16bit_model: true",
+                "  gradient_accumulation_steps: 1",
+                "  offload_optimizer_device: none",
+                "  offload_param_device: none",
+                f"num_processes: {ranks}",
+                "num_machines: 1",
+                "machine_rank: 0",
+                f"main_process_port: {port}",
+                "mixed_precision: 'no'",
+                "use_cpu: true",
+                "",
+            ]
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path) -> list[str]:
+    """The command line that starts `worker` (python arguments) on `ranks` processes with `launcher`."""
+    port = free_port()
+    if launcher is Launcher.TORCHRUN:
+        run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
+        return [*run, *worker]
+    config = accelerate_config(out / "accelerate.yaml", ranks, port)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a launch on `tree`: its `src` first on PYTHONPATH, then our package, offline."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(OUR_SRC)]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
+    """Run `command` in its own session; on timeout kill the whole group (launcher and ranks) and return None."""
+    with (
+        log.open("w", encoding="utf-8") as handle,
+        subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True) as proc,
+    ):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+
+
+def stages(out: Path, ranks: int) -> str:
+    where = []
+    for rank in range(ranks):
+        path = out / f"rank{rank}.stage"
+        where.append(
+            f"rank {rank} at {path.read_text(encoding='utf-8')!r}" if path.exists() else f"rank {rank}: no stage"
+        )
+    return ", ".join(where)

@@ -1,0 +1,43 @@
+"""The stock and patched trees side by side, and DeepSpeed's CPU op built before any rank needs it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from loadpolicy.harness.launch import Tree
+from loadpolicy.upstream.checkout import checkout, pristine_tag
+
+
+def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
+    """The patched checkout and a worktree of its pristine commit, side by side under `out/trees`."""
+    trees = out.resolve() / "trees"
+    shutil.rmtree(trees, ignore_errors=True)
+    trees.mkdir(parents=True)
+    patched = trees / "patched"
+    pin = checkout(patched, patches, cache)
+    pristine = trees / "stock"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(pristine), pristine_tag(pin)],
+        cwd=patched,
+        check=True,
+        capture_output=True,
+    )
+    return {Tree.STOCK: pristine, Tree.PATCHED: patched}
+
+
+def prebuild_deepspeed_ops(out: Path) -> None:
+    """Build DeepSpeed's CPU communication op once, here, before any rank needs it.
+
+    Every rank of a launch JIT-builds it under a file lock on first use; a rank killed while holding the lock (a
+    timeout, a killed-rank case) leaves the lock behind and every later launch waits on it until its bound. With no
+    rank running yet, a lock found here is stale.
+    """
+    extensions = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(out.resolve() / "torch_extensions")))
+    for stale in extensions.rglob("lock"):
+        stale.unlink()
+    from deepspeed.comm.torch import build_shm_op  # noqa: PLC0415  # the orchestrator imports DeepSpeed only here
+
+    build_shm_op()
