@@ -10,17 +10,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadpolicy import doctor
+from loadpolicy.bench import autoep as autoep_command
 from loadpolicy.bench import run as bench_command
 from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
+from loadpolicy.harness.launch import ValidationFailedError
 from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.upstream.pin import UpstreamError
-from loadpolicy.validate import autoep as autoep_command
+from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command
-from loadpolicy.validate import validate as validate_command
 
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (
         LoadPolicyError,
         UpstreamError,
-        validate_command.ValidationFailedError,
+        ValidationFailedError,
         bench_command.BenchFailedError,
         plan_command.CalibrationMissError,
         mutants_command.MutationError,

@@ -8,19 +8,11 @@ from typing import Any
 import pytest
 import torch
 
+from loadpolicy.faults.run import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
 from loadpolicy.harness.launch import Tree
-from loadpolicy.validate.faults import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
-from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR
-from loadpolicy.validate.parity import (
-    ParityCase,
-    Trainer,
-    _checkpoint_problems,
-    _compare,
-    _outcome,
-    _stock_outcome,
-    compare_export,
-    compare_resumed,
-)
+from loadpolicy.matrix.scenarios import STOCK_DEVICE_MAP_ERROR
+from loadpolicy.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
+from loadpolicy.parity.run import ParityCase, Trainer, _outcome, _stock_outcome
 
 
 EXPERT = "model.layers.0.mlp.experts.down_proj"
@@ -46,7 +38,7 @@ def rank_result(rank: int, ranks: int = 2) -> dict[str, Any]:
 
 
 def test_parity_passes_equal_results_and_compares_experts_as_the_rank_slice() -> None:
-    problems, loss_rel, weight_rel = _compare(single(), [rank_result(0), rank_result(1)])
+    problems, loss_rel, weight_rel = compare_training(single(), [rank_result(0), rank_result(1)])
     assert problems == []
     assert loss_rel == weight_rel == 0.0
 
@@ -65,7 +57,7 @@ def test_parity_passes_equal_results_and_compares_experts_as_the_rank_slice() ->
 def test_parity_names_the_rank_and_what_differs(change: Any, needle: str) -> None:
     broken = rank_result(1)
     change(broken)
-    problems, _, _ = _compare(single(), [rank_result(0), broken])
+    problems, _, _ = compare_training(single(), [rank_result(0), broken])
     assert any(needle in problem for problem in problems), problems
 
 
@@ -83,10 +75,10 @@ def test_a_reload_that_changes_the_next_step_fails() -> None:
         "weights_continued": {"w": torch.ones(2)},
         "weights_resumed": {"w": torch.ones(2)},
     }
-    assert _checkpoint_problems([{"checkpoint": saved}]) == []
+    assert checkpoint_problems([{"checkpoint": saved}]) == []
     # the expert pattern matched nothing (a rename): the frozen-expert path was not exercised
     drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=saved["frozen"][:2])
-    problems = _checkpoint_problems([{"checkpoint": drifted}])
+    problems = checkpoint_problems([{"checkpoint": drifted}])
     assert any("matched no parameter: ['layers.0.mlp.experts.down_proj']" in p for p in problems)
     assert any("changed weights differently" in p for p in problems)
 
@@ -108,7 +100,7 @@ def test_a_stock_case_passes_only_by_failing_with_the_known_bug_on_every_rank() 
 def test_parity_compares_key_sets_both_ways() -> None:
     short = rank_result(1)
     del short["weights"]["model.embed_tokens.weight"]
-    problems, _, _ = _compare(single(), [rank_result(0), short])
+    problems, _, _ = compare_training(single(), [rank_result(0), short])
     assert any("rank 1: final weights: extra [], missing ['model.embed_tokens.weight']" in p for p in problems)
 
 
@@ -237,12 +229,12 @@ def test_resume_names_what_differs(change: Any, needle: str) -> None:
 def test_parity_fails_a_nan(change: Any, needle: str) -> None:
     broken = rank_result(1)
     change(broken)
-    problems, _, _ = _compare(single(), [rank_result(0), broken])
+    problems, _, _ = compare_training(single(), [rank_result(0), broken])
     assert any(needle in problem for problem in problems), problems
 
 
 def test_autoep_comparison_fails_a_nan_weight() -> None:
-    from loadpolicy.validate.autoep import Way, compare
+    from loadpolicy.bench.autoep import Way, compare
 
     reference = {"losses": [4.0, 3.5], "initial": single()["weights"], "weights": single()["weights"]}
     ranks = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from loadpolicy.plan.calibrate import GIB, CalibrationRow, launch_for_case
@@ -9,6 +11,22 @@ from loadpolicy.plan.cost import Device, Launch, check_launch, predict
 from loadpolicy.plan.inventory import Inventory, TensorEntry
 from loadpolicy.plan.project import SHAPES, project_inventory
 from loadpolicy.policy import LoadPolicyError, PolicyName
+from loadpolicy.shape import EPLayout, LaunchShape
+
+
+def launch(
+    ranks: int,
+    *,
+    zero3: bool = False,
+    ep: int = 1,
+    requested: PolicyName | None = None,
+    device: Device = Device.CPU,
+    per_expert_keys: bool = True,
+) -> Launch:
+    """A launch as a user writes it: `--ep E` is DistributedConfig(tp_size=E, ep_size=E) per replica."""
+    layout = EPLayout.TP_EQUALS_EP if ep != 1 else EPLayout.NONE
+    shape = LaunchShape(ranks, zero3, layout, group=None if ep == 1 else ep, requested=requested)
+    return Launch(shape, device, per_expert_keys)
 
 
 # Two layers: attention split by TP (4 KiB each), a norm (100 B), fused experts (8 experts; 64 KiB gate_up, 32 KiB
@@ -48,7 +66,7 @@ def test_inventory_round_trips_through_json() -> None:
 
 
 def test_zero3_init_rank0_reads_everything_others_read_nothing() -> None:
-    plan = predict(Launch(4, PolicyName.ZERO3_INIT), INVENTORY)
+    plan = predict(launch(4, zero3=True), INVENTORY)
     rank0, rest = plan.ranks
     assert (rank0.read.nbytes, rest.read.nbytes) == (TOTAL, 0)
     assert rank0.peak_file.nbytes == TOTAL
@@ -60,19 +78,19 @@ def test_zero3_init_rank0_reads_everything_others_read_nothing() -> None:
 
 
 def test_zero3_init_on_gpu_puts_the_partition_on_the_device() -> None:
-    rank0, rest = predict(Launch(4, PolicyName.ZERO3_INIT, device=Device.GPU), INVENTORY).ranks
+    rank0, rest = predict(launch(4, zero3=True, device=Device.GPU), INVENTORY).ranks
     assert rest.peak_anon.nbytes == 0
     assert rest.peak_device.nbytes == TOTAL // 4 + 65536 + 32768
     assert rank0.peak_anon.nbytes == 2 * 65536  # only the host-side merge
 
 
 def test_fused_checkpoint_needs_no_merge() -> None:
-    rank0, rest = predict(Launch(2, PolicyName.ZERO3_INIT, per_expert_keys=False), INVENTORY).ranks
+    rank0, rest = predict(launch(2, zero3=True, per_expert_keys=False), INVENTORY).ranks
     assert rank0.peak_anon.nbytes == rest.peak_anon.nbytes
 
 
 def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
-    (cost,) = predict(Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=4), INVENTORY).ranks
+    (cost,) = predict(launch(4, ep=4), INVENTORY).ranks
     owned = 16384 // 4 + 2 * (4096 // 4 + 100) + EXPERTS // 4
     assert cost.read.nbytes == cost.held.nbytes == cost.peak_file.nbytes == owned
     # everything but the two norms is a copy (TP slices, merged experts), plus one layer's local gate_up while merging
@@ -81,7 +99,7 @@ def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
 
 
 def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
-    (cost,) = predict(Launch(4, PolicyName.EP_META, ep=2), INVENTORY).ranks
+    (cost,) = predict(launch(4, zero3=True, ep=2), INVENTORY).ranks
     assert cost.held.nbytes == cost.read.nbytes == DENSE + EXPERTS // 2
     # on a CPU launch dense tensors stay views of the mapped file; merged experts are copies
     assert cost.peak_anon.nbytes == EXPERTS // 2 + 65536 // 2
@@ -92,43 +110,52 @@ def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
 
 
 def test_ep_meta_on_gpu_holds_on_the_device_and_maps_what_it_read() -> None:
-    (cost,) = predict(Launch(4, PolicyName.EP_META, ep=4, device=Device.GPU), INVENTORY).ranks
+    (cost,) = predict(launch(4, zero3=True, ep=4, device=Device.GPU), INVENTORY).ranks
     assert cost.peak_device.nbytes == DENSE + EXPERTS // 4 + 65536 // 4
     assert (cost.peak_anon.nbytes, cost.resident.nbytes) == (0, 0)
     assert cost.peak_file.nbytes == DENSE + EXPERTS // 4
 
 
 def test_dense_zero3_shard_on_read_reads_everything_on_every_rank() -> None:
-    (cost,) = predict(Launch(4, PolicyName.META_SHARD_ON_READ, zero3=True), INVENTORY).ranks
+    (cost,) = predict(launch(4, zero3=True, requested=PolicyName.META_SHARD_ON_READ), INVENTORY).ranks
     assert cost.read.nbytes == cost.held.nbytes == TOTAL
     assert cost.held_after_deepspeed is not None
     assert cost.held_after_deepspeed.nbytes == TOTAL // 4
 
 
 @pytest.mark.parametrize(
-    ("launch", "names"),
+    ("make", "names"),
     [
-        (Launch(4, PolicyName.EP_META, ep=3), "ep=3"),
-        (Launch(4, PolicyName.EP_META, ep=1), "ep=1"),
-        (Launch(6, PolicyName.EP_META, ep=4), "ranks=6"),
-        (Launch(4, PolicyName.ZERO3_INIT, ep=4), "ep=4"),
-        (Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=2), "got 2"),
-        (Launch(4, PolicyName.META_SHARD_ON_READ, ep=2, zero3=True), "ep=2"),
-        (Launch(0, PolicyName.ZERO3_INIT), "got 0"),
+        (lambda: launch(4, zero3=True, ep=3), "ep=3 must divide ranks=4"),
+        (lambda: launch(4, zero3=True, ep=4, requested=PolicyName.ZERO3_INIT), "'Zero3Init' was requested"),
+        (lambda: launch(4, zero3=True, requested=PolicyName.EP_META), "'EPMeta' was requested"),
+        (lambda: launch(6, zero3=True, ep=6), "ep=6 must divide the number of experts"),
+        (lambda: launch(4, ep=2), "tp must be 1 or ranks .4., got 2"),
+        (lambda: Launch(LaunchShape(4, True, EPLayout.FSDP_EQUALS_EP)), "cannot be combined with FSDP2"),
+        (lambda: launch(0, zero3=True), "ranks must be >= 1, got 0"),
     ],
 )
-def test_impossible_launches_are_refused_naming_the_value(launch: Launch, names: str) -> None:
+def test_impossible_launches_are_refused_naming_the_value(make: Callable[[], Launch], names: str) -> None:
+    """Refusals come from the launch shape, the selector (its own message) or the model's own limits."""
     with pytest.raises(LoadPolicyError, match=names):
-        check_launch(launch, INVENTORY)
+        check_launch(make(), INVENTORY)
+
+
+def test_the_policy_costed_is_the_selectors() -> None:
+    assert launch(4, zero3=True).policy is PolicyName.ZERO3_INIT
+    assert launch(4, ep=4).policy is PolicyName.META_SHARD_ON_READ
+    assert launch(4, zero3=True, ep=2).policy is PolicyName.EP_META
+    assert launch(4, zero3=True, ep=2).tp == 1  # EPMeta leaves dense weights to ZeRO-3
+    assert launch(4, ep=4).tp == 4  # plain EP: the TP plan splits them
 
 
 def test_bench_cases_map_to_the_launch_they_run() -> None:
-    assert launch_for_case("Zero3Init (stock)", 2) == Launch(2, PolicyName.ZERO3_INIT)
+    assert launch_for_case("Zero3Init (stock)", 2) == launch(2, zero3=True)
     assert launch_for_case("EPMeta: EP under ZeRO-3", 4).ep == 4
     assert launch_for_case("EPMeta: EP under ZeRO-3", 4).tp == 1  # dense weights are left to ZeRO-3
-    plain_ep = Launch(4, PolicyName.META_SHARD_ON_READ, ep=4, tp=4)  # DistributedConfig(tp_size=4, ep_size=4)
+    plain_ep = launch(4, ep=4)  # DistributedConfig(tp_size=4, ep_size=4)
     assert launch_for_case("MetaShardOnRead: plain EP", 4) == plain_ep
-    assert launch_for_case("MetaShardOnRead: dense ZeRO-3", 4).zero3
+    assert launch_for_case("MetaShardOnRead: dense ZeRO-3", 4).under_zero3
     with pytest.raises(ValueError, match="unknown bench case"):
         launch_for_case("something else", 2)
 

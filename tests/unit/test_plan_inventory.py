@@ -9,7 +9,7 @@ import pytest
 
 from loadpolicy.plan.cost import Device, Launch, predict
 from loadpolicy.plan.inventory import inventory_from_config
-from loadpolicy.policy import PolicyName
+from loadpolicy.shape import EPLayout, LaunchShape
 
 
 pytestmark = pytest.mark.live
@@ -43,7 +43,7 @@ def test_qwen3_30b_a3b_at_ep4_holds_what_pr_45548_reported() -> None:
     from loadpolicy.plan.configs import published_config
 
     inventory = inventory_from_config(published_config("Qwen3-30B-A3B"))
-    (cost,) = predict(Launch(4, PolicyName.EP_META, ep=4, device=Device.GPU), inventory).ranks
+    (cost,) = predict(Launch(LaunchShape(4, True, EPLayout.TP_EQUALS_EP), Device.GPU), inventory).ranks
     assert inventory.dense_bytes / GIB == pytest.approx(2.87, abs=0.01)
     assert (cost.held.nbytes - inventory.dense_bytes) / GIB == pytest.approx(13.5, abs=0.01)
     assert json.loads(inventory.to_json())["num_experts"] == 128

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from loadpolicy.harness.launch import Launcher, Tree, accelerate_config
-from loadpolicy.validate.matrix import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
+from loadpolicy.matrix.runner import RunOutcome, _judge
+from loadpolicy.matrix.scenarios import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
 from loadpolicy.validate.report import is_unexpected, render_table, rows
-from loadpolicy.validate.runner import RunOutcome, _judge
 
 
 def test_fast_matrix_covers_every_scenario_on_both_trees_at_two_ranks() -> None:

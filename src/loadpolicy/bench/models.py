@@ -6,9 +6,10 @@ on-disk format: per-expert keys that loading merges), so loading does the work a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from loadpolicy.tinymodels.architectures import Architecture
 
 
 _BASE = {
@@ -23,22 +24,7 @@ _BASE = {
 _SMOKE = _BASE | {"vocab_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16}
 
 
-@dataclass(frozen=True, slots=True)
-class BenchModel:
-    name: str
-    config_class: str
-    model_class: str
-    config: dict[str, Any]
-
-    @property
-    def moe(self) -> bool:
-        return "num_experts" in self.config
-
-    def transformers_config(self) -> Any:
-        """The model's transformers config object (needs the `live` extra)."""
-        import transformers  # noqa: PLC0415  # the `live` extra
-
-        return getattr(transformers, self.config_class)(**self.config)
+BenchModel = Architecture
 
 
 def _moe(name: str, base: dict[str, Any], **sizes: int) -> BenchModel:
@@ -47,7 +33,7 @@ def _moe(name: str, base: dict[str, Any], **sizes: int) -> BenchModel:
 
 
 def _dense(name: str, base: dict[str, Any], **sizes: int) -> BenchModel:
-    return BenchModel(name, "LlamaConfig", "LlamaForCausalLM", base | sizes)
+    return BenchModel(name, "LlamaConfig", "LlamaForCausalLM", base | sizes, moe=False)
 
 
 FULL = (

@@ -27,9 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
-from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.launch import (
+    Launcher,
+    Tree,
+    add_launch_arguments,
+    launch_command,
+    run_bounded,
+    stages,
+    tree_env,
+)
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.policy import PolicyName
+from loadpolicy.shape import EPLayout, LaunchShape
 
 
 GIB = 1024**3
@@ -41,14 +51,18 @@ class Case:
     """One way of loading: which policy the ranks must report, and the inputs that select it."""
 
     label: str
-    policy: str
+    policy: PolicyName
     zero3: bool
-    ep: bool = False
-    requested: str | None = None
+    layout: EPLayout = EPLayout.NONE
+    requested: PolicyName | None = None
     moe_only: bool = False
     dense_only: bool = False
     # stock 5.23.0 for what stock does: the patched tree's loads add store exchanges (agreement, fail-together)
     tree: Tree = Tree.PATCHED
+
+    def shape(self, ranks: int) -> LaunchShape:
+        """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
+        return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested)
 
     def problems(self, results: list[dict[str, Any]], tree: Path) -> list[str]:
         """What makes a launch not this case: another policy, another tree, or (stock) parameters not partitioned."""
@@ -62,7 +76,7 @@ class Case:
             for r in results
             if not Path(r["transformers_file"]).is_relative_to(src)
         ]
-        if self.policy == "Zero3Init":
+        if self.policy is PolicyName.ZERO3_INIT:
             problems += [
                 f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
                 for r in results
@@ -71,11 +85,12 @@ class Case:
         return problems
 
 
+_MSOR, _EP = PolicyName.META_SHARD_ON_READ, EPLayout.TP_EQUALS_EP
 CASES = (
-    Case("Zero3Init (stock)", "Zero3Init", zero3=True, tree=Tree.STOCK),
-    Case("MetaShardOnRead: plain EP", "MetaShardOnRead", zero3=False, ep=True, moe_only=True),
-    Case("MetaShardOnRead: dense ZeRO-3", "MetaShardOnRead", zero3=True, requested="MetaShardOnRead", dense_only=True),
-    Case("EPMeta: EP under ZeRO-3", "EPMeta", zero3=True, ep=True, moe_only=True),
+    Case("Zero3Init (stock)", PolicyName.ZERO3_INIT, zero3=True, tree=Tree.STOCK),
+    Case("MetaShardOnRead: plain EP", _MSOR, zero3=False, layout=_EP, moe_only=True),
+    Case("MetaShardOnRead: dense ZeRO-3", _MSOR, zero3=True, requested=_MSOR, dense_only=True),
+    Case("EPMeta: EP under ZeRO-3", PolicyName.EP_META, zero3=True, layout=_EP, moe_only=True),
 )
 
 
@@ -96,6 +111,10 @@ def _launch(
     env = tree_env(tree) | FIXED_MALLOC
     code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), env, out / "log", timeout)
     results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("rank*.json"))]
+    failed = [(rank, r) for rank, r in enumerate(results) if "error" in r]
+    if failed:
+        rank, result = failed[0]
+        return [], f"rank {rank} failed in {result['stage']}: {result['error'][:200]}"
     if code is None:
         return results, f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
     if code != 0 or len(results) != ranks:
@@ -178,12 +197,12 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                     spec = {
                         "policy": case.policy,
                         "zero3": case.zero3,
-                        "ep": case.ep,
+                        "distributed": case.shape(ranks).distributed_config(),
                         "requested": case.requested,
                         "checkpoint": str(path),
                         "model_class": model.model_class,
                     }
-                    name = f"{model.name}-{case.policy}-{case.ep}-{ranks}-{repeat}"
+                    name = f"{model.name}-{case.policy}-{case.layout}-{ranks}-{repeat}"
                     results, error = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
                     error = error or "; ".join(case.problems(results, trees[case.tree]))[:300] or None
                     if error:
@@ -259,9 +278,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--smoke", action="store_true", help="tiny models at 2 ranks, once: proves the bench works")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
-    parser.add_argument("--timeout", type=float, default=300.0, help="bound on each launch, in seconds")
-    parser.add_argument("--patches", type=Path, default=Path("patches"))
-    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    add_launch_arguments(parser, timeout=300.0)
     parser.set_defaults(handler=_run)
 
 

@@ -11,14 +11,12 @@ imported everything, the model's module included, and joined the process group) 
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
+from loadpolicy.harness.rank import Rank, run_rank
 
 
 def _local(param: Any) -> Any:
@@ -28,13 +26,13 @@ def _local(param: Any) -> Any:
     return param.to_local() if hasattr(param, "to_local") else param.data
 
 
-def _load(spec: dict[str, Any], world: int, model_class: Any) -> Any:
+def _load(spec: dict[str, Any], model_class: Any) -> Any:
     import torch  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16}
-    if spec["ep"]:
-        kwargs["distributed_config"] = DistributedConfig(tp_size=world, ep_size=world)
+    if spec["distributed"] is not None:
+        kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
     if spec["requested"]:
         kwargs["load_policy"] = spec["requested"]
     return model_class.from_pretrained(spec["checkpoint"], **kwargs)
@@ -53,13 +51,12 @@ def _touch_every_tensor(model: Any) -> int:
     return owned
 
 
-def main(spec_path: str, out_dir: str) -> None:
+def _measure_load(this: Rank, spec: dict[str, Any]) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = this.rank, this.world_size
     # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
     zero3 = {
         "zero_optimization": {"stage": 3},
@@ -70,6 +67,7 @@ def main(spec_path: str, out_dir: str) -> None:
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
     import deepspeed  # noqa: PLC0415
 
+    this.stage("init_distributed")
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
     model_class = getattr(transformers, spec["model_class"])
@@ -78,8 +76,9 @@ def main(spec_path: str, out_dir: str) -> None:
     before = memory_status()
     io_before = io_counters()
     start = time.perf_counter()
+    this.stage("from_pretrained")
     with PeakSampler() as sampler:
-        model = _load(spec, world, model_class)
+        model = _load(spec, model_class)
     seconds = time.perf_counter() - start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
@@ -107,9 +106,9 @@ def main(spec_path: str, out_dir: str) -> None:
         "rchar": io_after["rchar"] - io_before["rchar"],
         "owned_bytes": owned,
     }
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     torch.distributed.barrier()
+    return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    run_rank(_measure_load)

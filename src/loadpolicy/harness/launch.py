@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import enum
 import os
 import signal
@@ -16,14 +17,30 @@ import loadpolicy
 OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
 
 
+class ValidationFailedError(RuntimeError):
+    """A run did not behave as expected: a patched case failed, or a stock case passed that should fail."""
+
+
 class Tree(enum.StrEnum):
     STOCK = "stock"
     PATCHED = "patched"
 
 
+# What stock 5.23.0 raises on every rank for EP under ZeRO-3 (gate 1 of the loading map): judges of stock runs match
+# this text, so a timeout or a crash of the harness on stock is not taken for the bug.
+STOCK_DEVICE_MAP_ERROR = "DeepSpeed Zero-3 is not compatible with passing a `device_map`"
+
+
 class Launcher(enum.StrEnum):
     TORCHRUN = "torchrun"
     ACCELERATE = "accelerate"
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
+    """--timeout (the bound on each launch), --patches (the series) and --cache (the sdist), as every command has."""
+    parser.add_argument("--timeout", type=float, default=timeout, help="bound on each launch, in seconds")
+    parser.add_argument("--patches", type=Path, default=Path("patches"), help="series directory (default: patches)")
+    parser.add_argument("--cache", type=Path, default=Path("build/cache"), help="sdist cache (default: build/cache)")
 
 
 def free_port() -> int:

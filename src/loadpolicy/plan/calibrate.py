@@ -26,7 +26,6 @@ from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.run import CASES
 from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
-from loadpolicy.policy import PolicyName, parse_policy_name
 
 
 GIB = 1024**3
@@ -76,10 +75,7 @@ def launch_for_case(label: str, ranks: int) -> Launch:
     case = next((c for c in CASES if c.label == label), None)
     if case is None:
         raise ValueError(f"unknown bench case {label!r}; known: {', '.join(c.label for c in CASES)}")
-    policy = parse_policy_name(case.policy)
-    ep = ranks if case.ep else 1
-    tp = ep if policy is PolicyName.META_SHARD_ON_READ else 1
-    return Launch(ranks, policy, ep=ep, tp=tp, zero3=case.zero3 and policy is PolicyName.META_SHARD_ON_READ)
+    return Launch(case.shape(ranks))
 
 
 def predicted_figures(plan: Plan) -> dict[str, float]:

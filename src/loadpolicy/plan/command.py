@@ -20,6 +20,7 @@ from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
 from loadpolicy.plan.project import plot_projection, project, render_projection
 from loadpolicy.policy import PolicyName, parse_policy_name
+from loadpolicy.shape import EPLayout, LaunchShape
 
 
 GIB = 1024**3
@@ -52,21 +53,23 @@ def render_plan(plan: Plan, baseline: int = 0) -> str:
     return "\n".join(lines)
 
 
+def launch_shape(args: argparse.Namespace) -> LaunchShape:
+    """The launch the arguments describe: `--ep E` is `DistributedConfig(tp_size=E, ep_size=E)` on each of
+    `ranks / E` data-parallel replicas; asking for Zero3Init or EPMeta implies a ZeRO-3 config."""
+    requested = parse_policy_name(args.policy) if args.policy else None
+    zero3 = args.zero3 or requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META)
+    layout = EPLayout.TP_EQUALS_EP if args.ep != 1 else EPLayout.NONE
+    return LaunchShape(args.ranks, zero3, layout, group=None if args.ep == 1 else args.ep, requested=requested)
+
+
 def _run_launch(args: argparse.Namespace) -> str:
     config = published_config(args.model) if args.model else args.config
     inventory = inventory_from_config(config, args.dtype)
-    launch = Launch(
-        ranks=args.ranks,
-        policy=parse_policy_name(args.policy),
-        ep=args.ep,
-        tp=args.tp,
-        device=Device(args.device),
-        per_expert_keys=not args.fused_checkpoint,
-        zero3=args.zero3,
-    )
+    launch = Launch(launch_shape(args), Device(args.device), per_expert_keys=not args.fused_checkpoint)
     plan = predict(launch, inventory)
     if args.json:
-        return json.dumps({"launch": asdict(launch), "ranks": [asdict(r) for r in plan.ranks]}, indent=2)
+        described = asdict(launch) | {"policy": launch.policy, "ep": launch.ep, "tp": launch.tp, "dp": launch.dp}
+        return json.dumps({"launch": described, "ranks": [asdict(r) for r in plan.ranks]}, indent=2)
     return render_plan(plan, int(args.baseline_gib * GIB))
 
 
@@ -104,11 +107,14 @@ def add_parser(subparsers: Any) -> None:
     source = launch.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", choices=sorted(PUBLISHED), help="a published model's hyperparameters")
     source.add_argument("--config", type=Path, help="a config.json (or a directory holding one)")
-    launch.add_argument("--policy", required=True, help=f"one of {', '.join(PolicyName)}")
+    launch.add_argument(
+        "--policy", help=f"an explicit choice, one of {', '.join(PolicyName)} (default: what the selector picks)"
+    )
     launch.add_argument("--ranks", type=int, required=True)
-    launch.add_argument("--ep", type=int, default=1)
-    launch.add_argument("--tp", type=int, default=1)
-    launch.add_argument("--zero3", action="store_true", help="MetaShardOnRead under an active ZeRO-3 config")
+    launch.add_argument("--ep", type=int, default=1, help="DistributedConfig(tp_size=EP, ep_size=EP) per replica")
+    launch.add_argument(
+        "--zero3", action="store_true", help="a ZeRO-3 config is active (implied by Zero3Init, EPMeta)"
+    )
     launch.add_argument("--device", choices=[d.value for d in Device], default=Device.GPU.value)
     launch.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
     launch.add_argument("--fused-checkpoint", action="store_true", help="experts stored fused (no merge on load)")

@@ -12,41 +12,27 @@ from typing import Any
 from loadpolicy.plan.inventory import config_from_dict
 
 
+# The fields both Qwen3-MoE releases share; each adds its own widths and depth.
+_QWEN3_MOE: dict[str, Any] = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
+}
 PUBLISHED: dict[str, dict[str, Any]] = {
     # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-    "Qwen3-30B-A3B": {
-        "model_type": "qwen3_moe",
-        "vocab_size": 151936,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "tie_word_embeddings": False,
-    },
+    "Qwen3-30B-A3B": _QWEN3_MOE
+    | {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48}
+    | {"num_attention_heads": 32},
     # https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json
-    "Qwen3-235B-A22B": {
-        "model_type": "qwen3_moe",
-        "vocab_size": 151936,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "moe_intermediate_size": 1536,
-        "num_hidden_layers": 94,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "tie_word_embeddings": False,
-    },
+    "Qwen3-235B-A22B": _QWEN3_MOE
+    | {"hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94}
+    | {"num_attention_heads": 64},
     # https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json (the multi-token-prediction layer,
     # `num_nextn_predict_layers`, is not part of transformers' model and is not loaded)
     "DeepSeek-V3": {

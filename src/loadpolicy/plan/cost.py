@@ -22,7 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from loadpolicy.plan.inventory import Inventory, TensorEntry
-from loadpolicy.policy import LoadPolicyError, PolicyName
+from loadpolicy.policy import DenseWeights, LoadPolicyError, PolicyName
+from loadpolicy.shape import LaunchShape
 
 
 class Device(enum.StrEnum):
@@ -32,23 +33,36 @@ class Device(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """A launch shape: `ranks` processes; experts split over `ep`, dense tensors split over `tp` (plain EP only)."""
+    """A launch as the user writes it (`shape`), on CPU or GPU ranks; what it loads with is the selector's answer."""
 
-    ranks: int
-    policy: PolicyName
-    ep: int = 1
-    tp: int = 1
+    shape: LaunchShape
     device: Device = Device.CPU
     # The checkpoint stores one key per expert (the format of the hub's Qwen3-MoE, Mixtral, DeepSeek-V3): loading
     # stacks them into the model's fused expert tensors.
     per_expert_keys: bool = True
-    # MetaShardOnRead only: a ZeRO-3 config is active and the user asked for shard-on-read (dense ZeRO-3), so
-    # deepspeed.initialize partitions what was loaded. Zero3Init and EPMeta always run under ZeRO-3.
-    zero3: bool = False
+
+    @property
+    def policy(self) -> PolicyName:
+        return self.shape.selected().name
+
+    @property
+    def ranks(self) -> int:
+        return self.shape.ranks
+
+    @property
+    def ep(self) -> int:
+        return self.shape.ep
+
+    @property
+    def tp(self) -> int:
+        """Ranks a dense tensor is split over at load time: the TP plan's, unless the policy leaves them to ZeRO-3."""
+        if self.shape.selected().dense_weights is DenseWeights.LEFT_TO_ZERO3:
+            return 1
+        return self.shape.parallel_sizes().tp
 
     @property
     def under_zero3(self) -> bool:
-        return self.zero3 or self.policy is not PolicyName.META_SHARD_ON_READ
+        return self.shape.zero3
 
     @property
     def dp(self) -> int:
@@ -90,29 +104,16 @@ class Plan:
 
 
 def check_launch(launch: Launch, inventory: Inventory) -> None:
-    """Refuse shapes the policy cannot load, naming the value and what is accepted."""
-    if launch.ranks < 1 or launch.ep < 1 or launch.tp < 1:
-        raise LoadPolicyError(f"ranks, ep and tp must be >= 1, got {launch.ranks}, {launch.ep}, {launch.tp}")
+    """Refuse shapes the selector refuses (its own error), and shapes this model cannot cost, naming the value."""
+    launch.shape.selected()
     if launch.ep > 1 and (inventory.num_experts == 0 or inventory.num_experts % launch.ep):
         raise LoadPolicyError(
             f"ep={launch.ep} must divide the number of experts ({inventory.num_experts}) of {inventory.model_type}"
         )
-    if launch.policy is PolicyName.ZERO3_INIT and (launch.ep, launch.tp) != (1, 1):
-        raise LoadPolicyError(f"Zero3Init loads without EP or TP; got ep={launch.ep}, tp={launch.tp} (accepted: 1, 1)")
-    if launch.policy is PolicyName.EP_META and (launch.ep < 2 or launch.ranks % launch.ep or launch.tp != 1):
+    if launch.tp not in (1, launch.ranks):
         raise LoadPolicyError(
-            f"EPMeta needs ep >= 2 dividing ranks and tp = 1 (dense weights go to ZeRO-3); got ranks={launch.ranks}, "
-            f"ep={launch.ep}, tp={launch.tp}"
-        )
-    if launch.policy is PolicyName.META_SHARD_ON_READ and launch.zero3 and (launch.ep, launch.tp) != (1, 1):
-        raise LoadPolicyError(
-            f"shard-on-read under ZeRO-3 without EP reads whole tensors: ep and tp must be 1, got ep={launch.ep}, "
-            f"tp={launch.tp} (EP under ZeRO-3 is EPMeta)"
-        )
-    if launch.policy is PolicyName.META_SHARD_ON_READ and launch.tp not in (1, launch.ranks):
-        raise LoadPolicyError(
-            f"MetaShardOnRead's TP mesh covers every rank in transformers 5.23.0: tp must be 1 or ranks "
-            f"({launch.ranks}), got {launch.tp}"
+            f"{launch.policy}'s TP mesh covers every rank in transformers 5.23.0: tp must be 1 or ranks "
+            f"({launch.ranks}), got {launch.tp} (dp={launch.dp} replicas without ZeRO-3 are not modelled)"
         )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from loadpolicy.plan.configs import published_config
 from loadpolicy.plan.cost import Device, Launch, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
-from loadpolicy.policy import PolicyName
+from loadpolicy.shape import EPLayout, LaunchShape
 
 
 GIB = 1024**3
@@ -40,19 +40,20 @@ class ProjectionRow:
 
 
 def _zero3_init(ranks: int) -> Launch:
-    return Launch(ranks, PolicyName.ZERO3_INIT, device=Device.GPU)
+    return Launch(LaunchShape(ranks, zero3=True), Device.GPU)
 
 
 def _plain_ep(ranks: int) -> Launch:
-    return Launch(ranks, PolicyName.META_SHARD_ON_READ, ep=ranks, tp=ranks, device=Device.GPU)
+    return Launch(LaunchShape(ranks, zero3=False, layout=EPLayout.TP_EQUALS_EP), Device.GPU)
 
 
 def _ep_meta_node(ranks: int) -> Launch:
-    return Launch(ranks, PolicyName.EP_META, ep=min(ranks, GPUS_PER_NODE), device=Device.GPU)
+    group = min(ranks, GPUS_PER_NODE)
+    return Launch(LaunchShape(ranks, zero3=True, layout=EPLayout.TP_EQUALS_EP, group=group), Device.GPU)
 
 
 def _ep_meta_world(ranks: int) -> Launch:
-    return Launch(ranks, PolicyName.EP_META, ep=ranks, device=Device.GPU)
+    return Launch(LaunchShape(ranks, zero3=True, layout=EPLayout.TP_EQUALS_EP), Device.GPU)
 
 
 # (label, launch shape at R ranks): the shapes users run.

@@ -6,20 +6,29 @@ tox-uv creates environments without pip. There, pip of the interpreter the envir
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 from loadpolicy.upstream.pin import UpstreamError
 
 
+def has_pip(python: str) -> bool:
+    """Whether `python -m pip` runs, asked of a child process.
+
+    Not `importlib.util.find_spec("pip")` in this one: setuptools' distutils shim takes a lookup of "pip" for pip
+    running and hands `distutils` back to the standard library, and the next `import setuptools` (DeepSpeed's op
+    build, through `torch.utils.cpp_extension`) then fails its assertion.
+    """
+    probe = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, check=False)
+    return probe.returncode == 0
+
+
 def pip_command() -> list[str]:
     """`python -m pip` for this environment, or the base interpreter's pip aimed at it."""
-    if importlib.util.find_spec("pip") is not None:
+    if has_pip(sys.executable):
         return [sys.executable, "-m", "pip"]
     base = getattr(sys, "_base_executable", sys.executable)
-    probe = subprocess.run([base, "-m", "pip", "--version"], capture_output=True, text=True, check=False)
-    if probe.returncode == 0:
+    if has_pip(base):
         return [base, "-m", "pip", "--python", sys.executable]
     raise UpstreamError(
         f"No pip for {sys.executable}: this environment has none (tox-uv makes environments without it) and neither "

@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import loadpolicy
-from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.validate.checkpoints import build_checkpoint, build_references
-from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
-from loadpolicy.validate.matrix import SCENARIOS, Run, Scenario
-from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
-from loadpolicy.validate.runner import launch
+from loadpolicy.faults.run import FAULT_CASES, build_fault_checkpoints, run_fault
+from loadpolicy.harness.launch import Launcher, Tree, add_launch_arguments
+from loadpolicy.matrix.runner import launch, prepare_matrix
+from loadpolicy.matrix.scenarios import Run, Scenario
+from loadpolicy.parity.run import ParityCase, Trainer, run_parity
 
 
 OUR_PACKAGE = Path(loadpolicy.__file__).resolve().parent
@@ -329,14 +327,7 @@ def render(baselines: list[Verdict], verdicts: list[Verdict]) -> str:
 
 def mutants(out: Path, patches: Path, cache: Path, tests: Path, timeout: float, only: list[str]) -> int:
     started = time.monotonic()
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
-    checkpoints = out.resolve() / "checkpoints"
-    for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
-        build_checkpoint(arch, checkpoints)
-    build_references(
-        {(a, s.bnb_8bit) for s in SCENARIOS.values() for a in s.archs}, checkpoints, trees[Tree.STOCK], timeout
-    )
+    trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
     setup = Setup(trees, checkpoints, build_fault_checkpoints(checkpoints), tests.resolve(), timeout)
     selected = [m for m in MUTATIONS if not only or m.name in only]
     unknown = sorted(set(only) - {m.name for m in MUTATIONS})
@@ -363,9 +354,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser("mutants", help="break one behaviour at a time and show which check catches it")
     parser.add_argument("names", nargs="*", help=f"mutations to run (default: all of {[m.name for m in MUTATIONS]})")
     parser.add_argument("--out", type=Path, default=Path("build/mutants"), help="work directory and table")
-    parser.add_argument("--timeout", type=float, default=180.0, help="bound on each launch, in seconds")
-    parser.add_argument("--patches", type=Path, default=Path("patches"))
-    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    add_launch_arguments(parser, timeout=180.0)
     parser.add_argument("--tests", type=Path, default=Path("tests/unit"), help="where the unit tests are")
     parser.set_defaults(handler=_run)
 

@@ -8,9 +8,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.validate.faults import MAX_SECONDS_TO_ERROR, FaultOutcome
-from loadpolicy.validate.parity import MAX_RELATIVE_DIFF, ParityOutcome
-from loadpolicy.validate.runner import RunOutcome
+from loadpolicy.faults.run import MAX_SECONDS_TO_ERROR, FaultOutcome
+from loadpolicy.matrix.runner import RunOutcome
+from loadpolicy.parity.judges import MAX_RELATIVE_DIFF
+from loadpolicy.parity.run import ParityOutcome
 
 
 def _key(outcome: RunOutcome) -> tuple[str, str, int]:

@@ -16,15 +16,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
-from loadpolicy.validate.matrix import STOCK_DEVICE_MAP_ERROR
-from loadpolicy.validate.models import ARCHITECTURES
-
-
-MAX_RELATIVE_DIFF = 1e-5
-RESUME_AFTER = 2  # steps
-# Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
-FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
+from loadpolicy.harness.launch import (
+    STOCK_DEVICE_MAP_ERROR,
+    Launcher,
+    Tree,
+    launch_command,
+    run_bounded,
+    stages,
+    tree_env,
+)
+from loadpolicy.parity.judges import (
+    FROZEN,
+    MAX_RELATIVE_DIFF,
+    RESUME_AFTER,
+    checkpoint_problems,
+    compare_export,
+    compare_resumed,
+    compare_training,
+)
+from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
 class Trainer(enum.StrEnum):
@@ -65,6 +76,11 @@ class ParityCase:
         return 2 * RESUME_AFTER if self.resume else self.trainer.steps
 
     @property
+    def shape(self) -> LaunchShape:
+        """EP under ZeRO-3, `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`."""
+        return LaunchShape(self.ranks, True, EPLayout.TP_EQUALS_EP, group=self.ranks // self.dp)
+
+    @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
@@ -86,19 +102,13 @@ class ParityOutcome:
     max_weight_rel: float | None = None
 
 
-def _relative(a: Any, b: Any) -> float:
-    """max |a - b| / max |b| over a tensor (0 when both are zero)."""
-    scale = float(b.abs().max())
-    return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
-
-
 def _launch(spec: dict[str, Any], tree: Path, out: Path, command: list[str], ranks: int, timeout: float) -> str | None:
     if run_bounded(command, tree_env(tree), out / "launcher.log", timeout) is None:
         return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
     return None
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_result(path: Path) -> dict[str, Any]:
     import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
 
     if not path.exists():
@@ -117,6 +127,7 @@ def run_parity(
         "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
         "optimizer": case.optimizer,
         "dp": case.dp,
+        "distributed": case.shape.distributed_config(),
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
@@ -127,10 +138,10 @@ def run_parity(
     start = time.monotonic()
     if (error := _run_reference_and_case(case, spec, trees, out, timeout)) is not None:
         return _outcome(case, start, [error])
-    single = _load(out / "single" / "rank0.pt")
+    single = load_result(out / "single" / "rank0.pt")
     if "error" in single:
         return _outcome(case, start, [f"single process: {single['error']}"])
-    results = [_load(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
+    results = [load_result(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
     tree_src = trees[case.tree].resolve() / "src"
     imported = {str(r.get("transformers_file")) for r in results}
     if not all(Path(f).is_relative_to(tree_src) for f in imported):
@@ -142,7 +153,7 @@ def run_parity(
     errors = [f"rank {rank}: {r['error'][:300]}" for rank, r in enumerate(results) if "error" in r]
     if errors:
         return _outcome(case, start, errors)
-    problems, loss_rel, weight_rel = _compare(single, results, case.dp)
+    problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
     if not problems:
         problems += _after_training_problems(case, spec, trees, out, single, results, timeout)
     detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
@@ -165,7 +176,7 @@ def _run_reference_and_case(
         directory = out / mode
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "spec.json").write_text(json.dumps(spec | {"mode": mode}), encoding="utf-8")
-        worker = ["-m", "loadpolicy.validate.parity_worker", str(directory / "spec.json"), str(directory)]
+        worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
         command = [sys.executable, *worker]
         if mode != "single":
             command = launch_command(case.trainer.launcher, ranks, worker, directory)
@@ -184,7 +195,7 @@ def _after_training_problems(
     timeout: float,
 ) -> list[str]:
     """What the user does after training: reload a DeepSpeed checkpoint, resume the Trainer, save for the Hub."""
-    problems = _checkpoint_problems(results) if case.checkpoint else []
+    problems = checkpoint_problems(results) if case.checkpoint else []
     if case.resume and not problems:
         problems += _resume_problems(case, spec, trees[case.tree], out, results, timeout)
     if case.export and not problems:
@@ -218,95 +229,6 @@ def _stock_outcome(case: ParityCase, start: float, results: list[dict[str, Any]]
     return ParityOutcome(case, time.monotonic() - start, True, detail)
 
 
-def _compare(single: dict[str, Any], results: list[dict[str, Any]], dp: int = 1) -> tuple[list[str], float, float]:
-    """Every rank against the single process: policy, expert shards kept, losses and final weights.
-
-    With `dp` replicas (world = dp x ep) the single process trained on the replicas' micro-batches concatenated: its
-    loss is the mean of the replicas' losses, and rank r holds expert slice r % ep.
-    """
-    import torch  # noqa: PLC0415
-
-    problems: list[str] = []
-    loss_rel = weight_rel = 0.0
-    worst = ""
-    reference_losses = torch.tensor(single["losses"])
-    ep = len(results) // dp
-    for rank, result in enumerate(results):
-        problems += _handover_problems(rank, result)
-        if len(result["losses"]) != len(reference_losses):
-            problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
-            return problems, loss_rel, weight_rel
-        found, relative, name = _final_weight_problems(rank, result, single["weights"], ep)
-        problems += found
-        if relative > weight_rel or relative != relative:
-            weight_rel, worst = relative, name
-    # Every replica has ep ranks, so the mean over ranks is the mean over replicas.
-    loss_rel = _relative(torch.tensor([result["losses"] for result in results]).mean(dim=0), reference_losses)
-    if not (loss_rel <= MAX_RELATIVE_DIFF):
-        problems.append(f"losses differ by {loss_rel:.2e} (relative)")
-    if not (weight_rel <= MAX_RELATIVE_DIFF):
-        problems.append(f"final weights differ by {weight_rel:.2e} (relative, worst: {worst})")
-    return problems, loss_rel, weight_rel
-
-
-def _final_weight_problems(
-    rank: int, result: dict[str, Any], reference: dict[str, Any], ep: int
-) -> tuple[list[str], float, str]:
-    """One rank's final weights (experts: its slice) against the single process's: key sets both ways, shapes, and
-    each tensor within the bound (`not (x <= bound)`: a NaN fails). Returns the problems and the worst tensor."""
-    problems = _names_differ(f"rank {rank}: final weights", set(result["weights"]), set(reference))
-    largest, worst = 0.0, ""
-    for name in sorted(set(result["weights"]) & set(reference)):
-        weight, full = result["weights"][name], reference[name]
-        if name in result["experts"]:
-            n = full.shape[0] // ep
-            full = full[rank % ep * n : (rank % ep + 1) * n]
-        if weight.shape != full.shape:
-            problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
-            continue
-        relative = _relative(weight, full)
-        if not (relative <= MAX_RELATIVE_DIFF):
-            problems.append(f"rank {rank}: final {name} differs by {relative:.2e} (relative)")
-        if relative > largest or relative != relative:
-            largest, worst = relative, name
-    return problems, largest, worst
-
-
-def _handover_problems(rank: int, result: dict[str, Any]) -> list[str]:
-    """EPMeta selected, expert shards handed to DeepSpeed's expert groups, and unchanged by the wrap."""
-    problems = []
-    if result["policy"] != "EPMeta":
-        problems.append(f"rank {rank}: policy {result['policy']}")
-    if not result["experts"]:
-        problems.append(f"rank {rank}: no parameter was handed to DeepSpeed's expert groups")
-    changed = [n for n, same in result["unchanged"].items() if not same]
-    if changed or len(result["unchanged"]) != len(result["experts"]):
-        problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
-    return problems
-
-
-def _checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
-    """After save_checkpoint and a reload: same weights, and one more step gives the same loss and weights."""
-    problems = []
-    for rank, result in enumerate(results):
-        saved = result["checkpoint"]
-        if not saved["loaded"]:
-            problems.append(f"rank {rank}: load_checkpoint found nothing")
-        unmatched = [pattern for pattern in FROZEN if not any(pattern in name for name in saved["frozen"])]
-        if unmatched:
-            problems.append(f"rank {rank}: frozen patterns that matched no parameter: {unmatched}")
-        if not saved["restored_equal"]:
-            problems.append(f"rank {rank}: reloaded weights differ from the saved ones")
-        if saved["loss_continued"] != saved["loss_resumed"]:
-            problems.append(
-                f"rank {rank}: step after reload: loss {saved['loss_resumed']} != {saved['loss_continued']}"
-            )
-        differ = [n for n, w in saved["weights_continued"].items() if _relative(saved["weights_resumed"][n], w) > 0]
-        if differ:
-            problems.append(f"rank {rank}: step after reload changed weights differently: {differ[:3]}")
-    return problems
-
-
 def _export_problems(
     spec: dict[str, Any], stock: Path, out: Path, single: dict[str, Any], results: list[dict[str, Any]], timeout: float
 ) -> list[str]:
@@ -314,36 +236,13 @@ def _export_problems(
     single process's final weights, under the checkpoint's own tensor names, nothing missing or unexpected."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec | {"mode": "reload"}), encoding="utf-8")
-    command = [sys.executable, "-m", "loadpolicy.validate.parity_worker", str(out / "spec.json"), str(out)]
+    command = [sys.executable, "-m", "loadpolicy.parity.worker", str(out / "spec.json"), str(out)]
     if (error := _launch(spec, stock, out, command, 1, timeout)) is not None:
         return [f"reload: {error}"]
-    reload = _load(out / "rank0.pt")
+    reload = load_result(out / "rank0.pt")
     if not Path(str(reload.get("transformers_file"))).is_relative_to(stock.resolve() / "src"):
         return [f"reload imported transformers from {reload.get('transformers_file')}, not from the stock tree"]
     return compare_export(single, reload, results)
-
-
-def compare_export(single: dict[str, Any], reload: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
-    """Judge a reloaded export against the single process. A missing field or a NaN fails."""
-    if "error" in reload:
-        return [f"reload: {reload['error'][:300]}"]
-    problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
-    problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
-    problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))
-    problems += _names_differ("reloaded parameters", set(reload["weights"]), set(single["weights"]))
-    for name in sorted(set(single["weights"]) & set(reload["weights"])):
-        want, have = single["weights"][name], reload["weights"][name]
-        if have.shape != want.shape:
-            problems.append(f"reloaded {name} has shape {tuple(have.shape)}, expected {tuple(want.shape)}")
-        elif not (_relative(have, want) <= MAX_RELATIVE_DIFF):
-            problems.append(f"reloaded {name} differs from one process by {_relative(have, want):.2e} (relative)")
-    return problems
-
-
-def _names_differ(what: str, got: set[str], expected: set[str]) -> list[str]:
-    if got == expected:
-        return []
-    return [f"{what}: extra {sorted(got - expected)[:4]}, missing {sorted(expected - got)[:4]}"]
 
 
 def _resume_problems(
@@ -358,35 +257,9 @@ def _resume_problems(
     directory.mkdir(parents=True, exist_ok=True)
     resumed_spec = spec | {"mode": str(case.trainer), "save_steps": 0, "resume_from": str(checkpoint.resolve())}
     (directory / "spec.json").write_text(json.dumps(resumed_spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.validate.parity_worker", str(directory / "spec.json"), str(directory)]
+    worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
     command = launch_command(case.trainer.launcher, case.ranks, worker, directory)
     if (error := _launch(spec, tree, directory, command, case.ranks, timeout)) is not None:
         return [f"resumed launch: {error}"]
-    resumed = [_load(directory / f"rank{rank}.pt") for rank in range(case.ranks)]
+    resumed = [load_result(directory / f"rank{rank}.pt") for rank in range(case.ranks)]
     return compare_resumed(results, resumed)
-
-
-def compare_resumed(uninterrupted: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[str]:
-    """Rank by rank: the resumed steps' losses and the final weights against the uninterrupted run's."""
-    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
-
-    problems = [f"resumed rank {rank}: {r['error'][:300]}" for rank, r in enumerate(resumed) if "error" in r]
-    if problems:
-        return problems
-    for rank, (full, again) in enumerate(zip(uninterrupted, resumed, strict=True)):
-        expected = full["losses"][RESUME_AFTER:]
-        if len(again["losses"]) != len(expected) or not expected:
-            problems.append(f"resumed rank {rank}: {len(again['losses'])} steps, expected {len(expected)}")
-            continue
-        if not (_relative(torch.tensor(again["losses"]), torch.tensor(expected)) <= MAX_RELATIVE_DIFF):
-            problems.append(f"resumed rank {rank}: losses {again['losses']} != {expected}")
-        problems += _names_differ(f"resumed rank {rank}: weights", set(again["weights"]), set(full["weights"]))
-        # `not (x <= bound)`, tensor by tensor: a NaN fails (max() over NaNs would not)
-        differ = [
-            f"{n} by {relative:.2e}"
-            for n, w in full["weights"].items()
-            if n in again["weights"] and not ((relative := _relative(again["weights"][n], w)) <= MAX_RELATIVE_DIFF)
-        ]
-        if differ:
-            problems.append(f"resumed rank {rank}: final weights differ: {differ[:3]}")
-    return problems

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages, tree_env
-from loadpolicy.validate.matrix import Run, distributed_sizes
-from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.reference import reference_path
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.matrix.scenarios import SCENARIOS, Run
+from loadpolicy.policy import PolicyName
+from loadpolicy.shape import EPLayout
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
+from loadpolicy.tinymodels.checkpoints import build_checkpoint, build_references
+from loadpolicy.tinymodels.reference import reference_path
 
 
 # train_batch_size is set per launch (ranks x micro batch)
@@ -60,13 +64,13 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
         "launcher": str(run.launcher),
         "zero3": spec.zero3,
         "zero3_config": ZERO3_CONFIG | {"train_batch_size": run.ranks},
-        "distributed": distributed_sizes(spec, run.ranks),
+        "distributed": run.shape.distributed_config(),
         "bnb_8bit": spec.bnb_8bit,
         "cases": cases,
     }
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(worker_spec, indent=2), encoding="utf-8")
-    worker = ["-m", "loadpolicy.validate.worker", str(spec_path), str(out)]
+    worker = ["-m", "loadpolicy.matrix.worker", str(spec_path), str(out)]
     command = launch_command(run.launcher, run.ranks, worker, out)
     start = time.monotonic()
     returncode = run_bounded(command, tree_env(trees[run.tree]), out / "launcher.log", timeout)
@@ -96,9 +100,9 @@ def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutco
     for rank, data in enumerate(ranks):
         if data is None:
             return ArchOutcome(arch, False, f"rank {rank}: no result")
-        result = data["results"].get(arch)
+        result = data.get("results", {}).get(arch)
         if result is None:
-            return ArchOutcome(arch, False, f"rank {rank}: not reached ({data.get('fatal', 'no result')})")
+            return ArchOutcome(arch, False, f"rank {rank}: not reached ({data.get('error', 'no result')})")
         per_rank.append(result)
     errors = [(rank, r["error"]) for rank, r in enumerate(per_rank) if "error" in r]
     stock_error = run.spec.stock_error
@@ -155,13 +159,13 @@ def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
     problems = []
     if run.spec.bnb_8bit and not (result.get("quantized_8bit", 0) > 0):
         problems.append("no parameter was quantized to 8 bits")
-    if run.spec.patched_policy == "Zero3Init":
+    if run.spec.patched_policy is PolicyName.ZERO3_INIT:
         if result["partitioned"] != result["parameters"]:
             problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
         problems += _unequal_problems(result, "gathered_unequal", "gathered values")
         return problems
     problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
-    if run.spec.sizes is not None:
+    if run.spec.layout is not EPLayout.NONE:
         if not result["experts"]:
             problems.append("no expert parameters found")
         for name, (local, full, equal) in result["experts"].items():
@@ -179,3 +183,15 @@ def _unequal_problems(result: dict[str, Any], field: str, what: str) -> list[str
     if result[field]:
         return [f"{what} differ from the stock one-process load: {result[field][:3]}"]
     return []
+
+
+def prepare_matrix(out: Path, patches: Path, cache: Path, timeout: float) -> tuple[dict[Tree, Path], Path]:
+    """Both trees, DeepSpeed's CPU op, every scenario's tiny checkpoint and the stock tree's reference of each."""
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    checkpoints = out.resolve() / "checkpoints"
+    for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
+        build_checkpoint(arch, checkpoints)
+    pairs = {(a, spec.bnb_8bit) for spec in SCENARIOS.values() for a in spec.archs}
+    build_references(pairs, checkpoints, trees[Tree.STOCK], timeout)
+    return trees, checkpoints

@@ -14,24 +14,24 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadpolicy.harness.launch import Launcher, launch_command, stages, tree_env
-from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
 MAX_SECONDS_TO_ERROR = 30.0
 LAUNCH_BOUND = 120.0  # imports and process start-up included
-EP = {"tp_size": "world", "ep_size": "world"}
 
 
 @dataclass(frozen=True, slots=True)
 class FaultCase:
     name: str
     checkpoint: str = "qwen3_moe"  # a variant from `build_fault_checkpoints`
-    sizes: dict[str, Any] | None = field(default_factory=lambda: dict(EP))  # None: no distributed_config
+    layout: EPLayout = EPLayout.TP_EQUALS_EP  # how the DistributedConfig spells EP, over every rank
     # the DeepSpeed ZeRO-3 config exists "before" or only "after" from_pretrained, or on "rank 0 only"
     zero3: str = "before"
     process_group: bool = False  # initialized before from_pretrained, as deepspeed.init_distributed() would
@@ -52,7 +52,7 @@ def _cases() -> tuple[FaultCase, ...]:
     return (
         FaultCase(
             "ZeRO-3 with fsdp_size > 1",
-            sizes={"fsdp_size": "world", "ep_size": "world"},
+            layout=EPLayout.FSDP_EQUALS_EP,
             error="cannot be combined with FSDP2 data parallelism (fsdp_size=",
         ),
         FaultCase(
@@ -62,7 +62,7 @@ def _cases() -> tuple[FaultCase, ...]:
         ),
         FaultCase(
             "enable_expert_parallel=True alone",
-            sizes={"enable_expert_parallel": True},
+            layout=EPLayout.DEPRECATED_FLAG,
             warning="resolves to ep_size=1: the experts are not sharded",
         ),
         FaultCase("user device_map='auto' with EP", device_map="auto", error="`device_map` are mutually exclusive"),
@@ -90,7 +90,7 @@ def _cases() -> tuple[FaultCase, ...]:
         *(
             FaultCase(
                 f"plain load, ZeRO-3 config on rank 0 only, {where}",
-                sizes=None,
+                layout=EPLayout.NONE,
                 zero3="rank 0 only",
                 process_group=process_group,
                 then_collective=True,
@@ -122,7 +122,7 @@ def build_fault_checkpoints(checkpoints: Path) -> dict[str, Path]:
     if not (variants["five_experts"] / "config.json").exists():
         arch = ARCHITECTURES["qwen3_moe"]
         torch.manual_seed(0)
-        config = getattr(transformers, arch.config_class)(**(arch.config | {"num_experts": 5}))
+        config = arch.transformers_config(num_experts=5)
         getattr(transformers, arch.model_class)(config).save_pretrained(variants["five_experts"])
     for name in ("quantized", "truncated", "missing_expert"):
         if not variants[name].exists():
@@ -173,7 +173,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
     spec = {
         "model_class": ARCHITECTURES["qwen3_moe"].model_class,
         "checkpoints": views,
-        "sizes": case.sizes,
+        "distributed": LaunchShape(ranks, case.zero3 == "before", case.layout).distributed_config(),
         "zero3": case.zero3,
         "device_map": case.device_map,
         "kill_rank": bad if case.killed else None,
@@ -183,7 +183,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "others_end": case.others_end,
     }
     (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.validate.fault_worker", str(out / "spec.json"), str(out)]
+    worker = ["-m", "loadpolicy.faults.worker", str(out / "spec.json"), str(out)]
     command = launch_command(Launcher.TORCHRUN, ranks, worker, out)
     start = time.monotonic()
     with (

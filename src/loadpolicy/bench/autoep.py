@@ -29,13 +29,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.harness.launch import Launcher, Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.launch import (
+    Launcher,
+    Tree,
+    ValidationFailedError,
+    add_launch_arguments,
+    launch_command,
+    run_bounded,
+    stages,
+    tree_env,
+)
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.validate.checkpoints import build_checkpoint
-from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.parity import MAX_RELATIVE_DIFF, _handover_problems, _load, _relative
-from loadpolicy.validate.validate import ValidationFailedError
+from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
+from loadpolicy.parity.run import load_result
+from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
+from loadpolicy.tinymodels.checkpoints import build_checkpoint
 
 
 ARCHS = ("qwen3_moe", "mixtral")
@@ -98,10 +108,10 @@ def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: fl
         stale.unlink()
     (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
     evict_from_page_cache(Path(spec["checkpoint"]))  # every load starts from storage, as in `loadpolicy bench`
-    worker = ["-m", "loadpolicy.validate.autoep_worker", str(out / "spec.json"), str(out)]
+    worker = ["-m", "loadpolicy.bench.autoep_worker", str(out / "spec.json"), str(out)]
     command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
     code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
-    results = [_load(out / f"rank{rank}.pt") for rank in range(ranks)]
+    results = [load_result(out / f"rank{rank}.pt") for rank in range(ranks)]
     failed = [(rank, r) for rank, r in enumerate(results) if "error" in r and "stage" in r]
     if failed:  # the rank that raised first names itself; the others were stopped by torchrun
         rank, result = failed[0]
@@ -140,7 +150,7 @@ def _weights_rel(
         if tuple(weight.shape) != tuple(full.shape):
             problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
             continue
-        relative = _relative(weight, full)
+        relative = relative_diff(weight, full)
         if _worse(largest, relative) != largest or not worst:  # a NaN stays the worst
             largest, worst = _worse(largest, relative), name
     return largest, worst, problems
@@ -154,7 +164,7 @@ def _worse(a: float, b: float) -> float:
 def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> dict[str, Any]:
     """Losses, weights after `deepspeed.initialize` and final weights of every rank against the reference.
 
-    EPMeta's ranks also report what the load handed to DeepSpeed (`parity._handover_problems`).
+    EPMeta's ranks also report what the load handed to DeepSpeed (`parity.handover_problems`).
 
     The ranks of one EP group train on the same micro-batch, so the mean of every rank's loss is the mean over the
     replicas, which is the reference's loss on the concatenated batch.
@@ -166,12 +176,12 @@ def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> 
     if steps != {len(single["losses"])}:
         return {"problems": [f"ranks took {sorted(steps)} steps, the reference {len(single['losses'])}"]}
     losses = torch.tensor([r["losses"] for r in results]).mean(dim=0)
-    loss_rel = _relative(losses, torch.tensor(single["losses"]))
+    loss_rel = relative_diff(losses, torch.tensor(single["losses"]))
     initial_rel = final_rel = 0.0
     worst = ""
     for rank, result in enumerate(results):
         if way is Way.EPMETA:
-            problems += _handover_problems(rank, result)
+            problems += handover_problems(rank, result)
         relative, _, found = _weights_rel(single["initial"], rank, result["initial"], result["expert_rows"])
         initial_rel = _worse(initial_rel, relative)
         problems += found
@@ -218,7 +228,7 @@ def run_way(
     error = _launch(spec, trees[way.tree], out, WORLD, timeout)
     if error is not None:
         return Row(arch, str(way), time.monotonic() - start, error=error)
-    results = [_load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+    results = [load_result(out / f"rank{rank}.pt") for rank in range(WORLD)]
     imported = _imported_problems(results, trees[way.tree])
     if imported:
         return Row(arch, str(way), time.monotonic() - start, error="; ".join(imported))
@@ -259,6 +269,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "lr": 1e-3,
             "optimizer": "adamw",
             "dp": DP,
+            "distributed": LaunchShape(WORLD, True, EPLayout.TP_EQUALS_EP, group=WORLD // DP).distributed_config(),
             "clip": clip,
             "frozen": [],
             "checkpoint_dir": "",
@@ -271,7 +282,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             print(*map(_line, failed), sep="\n", flush=True)
             rows += failed
             continue
-        single = _load(directory / "single" / "rank0.pt")
+        single = load_result(directory / "single" / "rank0.pt")
         for way in Way:
             row = run_way(arch, way, single, trees, spec, directory / str(way), timeout)
             rows.append(row)
@@ -380,9 +391,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--out", type=Path, default=Path("build/autoep"), help="work and report directory")
     parser.add_argument("--arch", action="append", choices=ARCHS, help="only this architecture (repeatable)")
     parser.add_argument("--clip", type=float, default=0.0, help="gradient clipping norm (default: off)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="bound on each launch, in seconds")
-    parser.add_argument("--patches", type=Path, default=Path("patches"))
-    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    add_launch_arguments(parser, timeout=300.0)
     parser.set_defaults(handler=_run)
 
 

@@ -1,6 +1,6 @@
 """One rank of `loadpolicy autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
 
-`python -m loadpolicy.validate.autoep_worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
+`python -m loadpolicy.bench.autoep_worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
 
 - `single`: the reference, `parity_worker`'s single-process loop on the concatenated global batch, plus the
   weights as `from_pretrained` loads them (to check what each way holds before the first step);
@@ -20,11 +20,7 @@ was in, and exits non-zero so that torchrun stops the other ranks instead of lea
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +30,8 @@ import torch
 import transformers
 
 from loadpolicy.harness.procfs import PeakSampler, memory_status
-from loadpolicy.validate import parity_worker
+from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.parity import worker as parity_worker
 
 
 Stage = Callable[[str], None]
@@ -181,34 +178,35 @@ def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     del model
-    return parity_worker._single(spec, stage) | {"initial": initial}
+    return parity_worker.train_single(spec, stage) | {"initial": initial}
 
 
 def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stage) -> list[float]:
     batches = [
-        parity_worker._replica(batch, spec, rank, world) for batch in parity_worker._batches(spec, spec["steps"])
+        parity_worker.replica_batch(batch, spec, rank, world)
+        for batch in parity_worker.fixed_batches(spec, spec["steps"])
     ]
-    return parity_worker._train_engine(engine, batches, stage)
+    return parity_worker.train_engine(engine, batches, stage)
 
 
 def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[str, Any]:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    ds_config = parity_worker._ds_config(spec, world)
+    ds_config = parity_worker.deepspeed_config(spec, world)
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
     figures: dict[str, Any] = {}
     stage("from_pretrained")
     with _measured(figures, "load"):
-        model = parity_worker._load_ep(spec, world)
-    loaded = parity_worker._loaded(model)
+        model = parity_worker.load_ep(spec, world)
+    loaded = parity_worker.loaded_state(model)
     stage("deepspeed.initialize")
     with _measured(figures, "initialize"):
         engine, *_ = deepspeed.initialize(
-            model=model, optimizer=parity_worker._optimizer(model, spec), config=ds_config
+            model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
         )
     stage("gather initial")
-    initial = parity_worker._gathered(engine.module)
+    initial = parity_worker.gathered_weights(engine.module)
     ep_rank = rank % (world // spec["dp"])  # the mesh: dp_replicate outer, tp/ep inner
     rows = {n: [ep_rank * initial[n].shape[0], (ep_rank + 1) * initial[n].shape[0]] for n in loaded["experts"]}
     losses = _train(engine, spec, rank, world, stage)
@@ -221,7 +219,7 @@ def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
         "initial": initial,
         "expert_rows": rows,
         "losses": losses,
-        "weights": parity_worker._gathered(engine.module),
+        "weights": parity_worker.gathered_weights(engine.module),
     }
 
 
@@ -230,7 +228,7 @@ def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    ds_config = parity_worker._ds_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
+    ds_config = parity_worker.deepspeed_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
     figures: dict[str, Any] = {}
     stage("from_pretrained")
@@ -246,16 +244,16 @@ def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
     stage("deepspeed.initialize")
     with _measured(figures, "initialize"):
         engine, *_ = deepspeed.initialize(
-            model=model, optimizer=parity_worker._optimizer(model, spec), config=ds_config
+            model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
         )
     stage("gather initial")
     layers = autoep_layers(engine.module, shapes, get_preset(spec["expert_parallel"]["preset_model"]))
     if not layers:
         raise RuntimeError("deepspeed.initialize replaced no MoE block with an AutoEPMoELayer")
-    initial, rows = to_hf_layout(parity_worker._gathered(engine.module), layers)
+    initial, rows = to_hf_layout(parity_worker.gathered_weights(engine.module), layers)
     losses = _train(engine, spec, rank, world, stage)
     stage("gather")
-    weights, _ = to_hf_layout(parity_worker._gathered(engine.module), layers)
+    weights, _ = to_hf_layout(parity_worker.gathered_weights(engine.module), layers)
     return {
         "policy": f"stock zero.Init ({partitioned}/{len(shapes)} parameters partitioned)",
         "shim_applied": shim,
@@ -270,48 +268,24 @@ def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
     }
 
 
-def main(spec_path: str, out_dir: str) -> None:
-    out = Path(out_dir)
-    rank = int(os.environ.get("RANK", "0"))
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    where = ["start"]
+def _compare(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+    rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
+    getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
+    if spec["mode"] == "single":
+        return _single(spec, rank.stage)
+    import deepspeed  # noqa: PLC0415
 
-    def stage(name: str) -> None:
-        where[0] = name
-        (out / f"rank{rank}.stage").write_text(name, encoding="utf-8")
-
-    failed = False
-    try:
-        stage("start")
-        getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
-        if spec["mode"] == "single":
-            result = _single(spec, stage)
-        else:
-            import deepspeed  # noqa: PLC0415
-
-            stage("init_distributed")
-            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-            world = int(os.environ["WORLD_SIZE"])
-            match spec["mode"]:
-                case "epmeta":
-                    result = _epmeta(spec, rank, world, stage)
-                case "autoep":
-                    result = _autoep(spec, rank, world, stage)
-                case mode:
-                    raise ValueError(f"unknown mode {mode!r}; accepted: single, epmeta, autoep")
-        stage("done")
-    except Exception as exc:
-        failed = True
-        result = {
-            "error": f"{type(exc).__name__}: {exc}",
-            "stage": where[0],
-            "traceback": traceback.format_exc()[-3000:],
-        }
-    result["transformers_file"] = transformers.__file__  # which tree this rank really ran
-    torch.save(result, out / f"rank{rank}.pt")
-    if failed:
-        sys.exit(1)  # torchrun then stops the other ranks rather than leaving them waiting in a collective
+    rank.stage("init_distributed")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    match spec["mode"]:
+        case "epmeta":
+            return _epmeta(spec, rank.rank, rank.world_size, rank.stage)
+        case "autoep":
+            return _autoep(spec, rank.rank, rank.world_size, rank.stage)
+        case mode:
+            raise ValueError(f"unknown mode {mode!r}; accepted: single, epmeta, autoep")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    # A failed rank exits non-zero: torchrun then stops the others rather than leaving them in a collective.
+    run_rank(_compare, ".pt")

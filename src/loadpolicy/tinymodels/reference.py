@@ -1,7 +1,7 @@
 """The independent reference of the load matrix: each checkpoint loaded in one process by the stock tree.
 
 Every rank of a matrix run compares its distributed load with this file: the gathered (or local) parameters tensor by
-tensor, and the logits. It is written once per checkpoint by `python -m loadpolicy.validate.reference` run on the
+tensor, and the logits. It is written once per checkpoint by `python -m loadpolicy.tinymodels.reference` run on the
 stock tree, never by the code under test, so a conversion bug shared by the patched tree's one-process and
 distributed loads still fails.
 """
@@ -37,7 +37,7 @@ def _load_one(checkpoints: Path, arch: str, bnb_8bit: bool) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    from loadpolicy.validate.models import ARCHITECTURES  # noqa: PLC0415
+    from loadpolicy.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if bnb_8bit:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from loadpolicy.harness.launch import run_bounded, tree_env
-from loadpolicy.validate.models import ARCHITECTURES
-from loadpolicy.validate.reference import load_reference, reference_path
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
+from loadpolicy.tinymodels.reference import load_reference, reference_path
 
 
 def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
@@ -22,7 +22,7 @@ def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
     if (path / "config.json").exists():
         return path
     torch.manual_seed(seed)
-    config = getattr(transformers, arch.config_class)(**arch.config)
+    config = arch.transformers_config()
     model = getattr(transformers, arch.model_class)(config)
     model.save_pretrained(path, safe_serialization=True)
     return path
@@ -40,7 +40,7 @@ def build_references(cases: set[tuple[str, bool]], checkpoints: Path, stock: Pat
         "checkpoints": str(checkpoints.resolve()),
     }
     (references / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    command = [sys.executable, "-m", "loadpolicy.validate.reference", str(references / "spec.json")]
+    command = [sys.executable, "-m", "loadpolicy.tinymodels.reference", str(references / "spec.json")]
     code = run_bounded(command, tree_env(stock), references / "reference.log", timeout)
     if code != 0:
         log = (references / "reference.log").read_text(encoding="utf-8")[-2000:]

@@ -7,12 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from loadpolicy.harness.launch import Tree
-from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.validate.checkpoints import build_checkpoint, build_references
-from loadpolicy.validate.faults import FAULT_CASES, build_fault_checkpoints, run_fault
-from loadpolicy.validate.matrix import SCENARIOS, fast_matrix, full_matrix
-from loadpolicy.validate.parity import ParityCase, Trainer, run_parity
+from loadpolicy.faults.run import FAULT_CASES, build_fault_checkpoints, run_fault
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments
+from loadpolicy.matrix.runner import RunOutcome, launch, prepare_matrix
+from loadpolicy.matrix.scenarios import fast_matrix, full_matrix
+from loadpolicy.parity.run import ParityCase, Trainer, run_parity
 from loadpolicy.validate.report import (
     is_unexpected,
     render_faults,
@@ -21,7 +20,6 @@ from loadpolicy.validate.report import (
     render_table,
     write_json,
 )
-from loadpolicy.validate.runner import RunOutcome, launch
 
 
 # Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
@@ -74,17 +72,7 @@ def _visible_gpus() -> int:
 
 
 def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
-    checkpoints = out.resolve() / "checkpoints"
-    for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
-        build_checkpoint(arch, checkpoints)
-    build_references(
-        {(a, spec.bnb_8bit) for spec in SCENARIOS.values() for a in spec.archs},
-        checkpoints,
-        trees[Tree.STOCK],
-        timeout,
-    )
+    trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
     runs = fast_matrix() if fast else full_matrix()
     gpus = _visible_gpus()
     if gpus >= 2:
@@ -141,9 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--fast", action="store_true", help="every scenario once at 2 ranks (the CI subset)")
     parser.add_argument("--out", type=Path, default=Path("build/validate"), help="work and report directory")
-    parser.add_argument("--timeout", type=float, default=180.0, help="bound on each launch, in seconds")
-    parser.add_argument("--patches", type=Path, default=Path("patches"))
-    parser.add_argument("--cache", type=Path, default=Path("build/cache"))
+    add_launch_arguments(parser, timeout=180.0)
     parser.set_defaults(handler=_run)
 
 
@@ -153,7 +139,3 @@ def _run(args: argparse.Namespace) -> str:
     if code:
         raise ValidationFailedError("some runs did not behave as expected: see the table above")
     return "every run behaved as expected"
-
-
-class ValidationFailedError(RuntimeError):
-    """A patched case failed, or a stock case passed that should fail."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.validate.models import ARCHITECTURES
+from loadpolicy.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree
+from loadpolicy.policy import PolicyName
+from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
 class Scenario(enum.StrEnum):
@@ -24,19 +26,15 @@ COMPOSITE = ("glm4v_moe",)
 DENSE = ("llama",)
 
 
-# What stock 5.23.0 raises on every rank for EP under ZeRO-3 (gate 1 of the loading map): the judge matches this text,
-# so a timeout or a crash of the harness on stock is not taken for the bug.
-STOCK_DEVICE_MAP_ERROR = "DeepSpeed Zero-3 is not compatible with passing a `device_map`"
-
-
 @dataclass(frozen=True, slots=True)
 class ScenarioSpec:
     archs: tuple[str, ...]
     zero3: bool
-    # DistributedConfig sizes as a function of the world size; None: no distributed config
-    sizes: str | None
-    # policy each rank must report on the patched tree (None: the load must be refused)
-    patched_policy: str | None
+    # how the launch spells EP in its DistributedConfig (the sizes follow from the world size)
+    layout: EPLayout
+    # policy each rank must report on the patched tree (None: the load must be refused); written out here, not asked
+    # of the selector, so that the matrix checks the selector rather than repeating it
+    patched_policy: PolicyName | None
     # the error every rank must raise on stock 5.23.0 (the bug), or None when stock must pass (behaviour we keep)
     stock_error: str | None
     # substring every rank's error must contain on the patched tree, for refused combinations
@@ -49,22 +47,37 @@ class ScenarioSpec:
         return self.stock_error is not None
 
 
+def _ep_under_zero3(archs: tuple[str, ...]) -> ScenarioSpec:
+    """The bug: EPMeta on the patched tree, the ZeRO-3 `device_map` refusal on stock."""
+    return ScenarioSpec(
+        archs,
+        zero3=True,
+        layout=EPLayout.TP_EQUALS_EP,
+        patched_policy=PolicyName.EP_META,
+        stock_error=STOCK_DEVICE_MAP_ERROR,
+    )
+
+
 SCENARIOS: dict[Scenario, ScenarioSpec] = {
     Scenario.PLAIN_EP: ScenarioSpec(
-        MOE + COMPOSITE, zero3=False, sizes="tp=ep", patched_policy="MetaShardOnRead", stock_error=None
+        MOE + COMPOSITE,
+        zero3=False,
+        layout=EPLayout.TP_EQUALS_EP,
+        patched_policy=PolicyName.META_SHARD_ON_READ,
+        stock_error=None,
     ),
-    Scenario.DENSE_ZERO3: ScenarioSpec(DENSE, zero3=True, sizes=None, patched_policy="Zero3Init", stock_error=None),
-    Scenario.MOE_ZERO3: ScenarioSpec(MOE, zero3=True, sizes=None, patched_policy="Zero3Init", stock_error=None),
-    Scenario.EP_ZERO3: ScenarioSpec(
-        MOE, zero3=True, sizes="tp=ep", patched_policy="EPMeta", stock_error=STOCK_DEVICE_MAP_ERROR
+    Scenario.DENSE_ZERO3: ScenarioSpec(
+        DENSE, zero3=True, layout=EPLayout.NONE, patched_policy=PolicyName.ZERO3_INIT, stock_error=None
     ),
-    Scenario.COMPOSITE_EP_ZERO3: ScenarioSpec(
-        COMPOSITE, zero3=True, sizes="tp=ep", patched_policy="EPMeta", stock_error=STOCK_DEVICE_MAP_ERROR
+    Scenario.MOE_ZERO3: ScenarioSpec(
+        MOE, zero3=True, layout=EPLayout.NONE, patched_policy=PolicyName.ZERO3_INIT, stock_error=None
     ),
+    Scenario.EP_ZERO3: _ep_under_zero3(MOE),
+    Scenario.COMPOSITE_EP_ZERO3: _ep_under_zero3(COMPOSITE),
     Scenario.REFUSED_ZERO3_FSDP: ScenarioSpec(
         ("qwen3_moe",),
         zero3=True,
-        sizes="fsdp=ep",
+        layout=EPLayout.FSDP_EQUALS_EP,
         patched_policy=None,
         stock_error=STOCK_DEVICE_MAP_ERROR,
         refusal="cannot be combined with FSDP2 data parallelism (fsdp_size=",
@@ -73,24 +86,12 @@ SCENARIOS: dict[Scenario, ScenarioSpec] = {
     Scenario.QUANTIZED_ZERO3: ScenarioSpec(
         (*DENSE, "qwen3_moe"),
         zero3=True,
-        sizes=None,
-        patched_policy="MetaShardOnRead",
+        layout=EPLayout.NONE,
+        patched_policy=PolicyName.META_SHARD_ON_READ,
         stock_error=None,
         bnb_8bit=True,
     ),
 }
-
-
-def distributed_sizes(spec: ScenarioSpec, world_size: int) -> dict[str, int] | None:
-    match spec.sizes:
-        case None:
-            return None
-        case "tp=ep":
-            return {"tp_size": world_size, "ep_size": world_size}
-        case "fsdp=ep":
-            return {"fsdp_size": world_size, "ep_size": world_size}
-        case other:
-            raise ValueError(f"unknown sizes rule {other!r}; accepted: None, 'tp=ep', 'fsdp=ep'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,10 @@ class Run:
     @property
     def spec(self) -> ScenarioSpec:
         return SCENARIOS[self.scenario]
+
+    @property
+    def shape(self) -> LaunchShape:
+        return LaunchShape(self.ranks, self.spec.zero3, self.spec.layout, quantized=self.spec.bnb_8bit)
 
     @property
     def label(self) -> str:

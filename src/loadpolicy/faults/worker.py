@@ -1,6 +1,6 @@
 """One rank of a bad-input case: load the way the case says, record what happened and when.
 
-`python -m loadpolicy.validate.fault_worker SPEC OUT` under torchrun. Writes OUT/rank<R>.json: the error (type and
+`python -m loadpolicy.faults.worker SPEC OUT` under torchrun. Writes OUT/rank<R>.json: the error (type and
 message) or None, the warnings raised while loading, and the seconds from the start of `from_pretrained` to its
 outcome; OUT/rank<R>.stage says where the rank is.
 """
@@ -15,6 +15,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from loadpolicy.harness.rank import Rank
 
 
 def _kill_this_rank_while_loading() -> None:
@@ -39,9 +41,8 @@ def _load(spec: dict[str, Any], rank: int, world: int) -> None:
     zero3_here = spec["zero3"] == "before" or (spec["zero3"] == "rank 0 only" and rank == 0)
     keep_alive = HfDeepSpeedConfig(zero3) if zero3_here else None  # noqa: F841  # held by a weak reference
     kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if spec["sizes"] is not None:
-        sizes = {key: world if value == "world" else value for key, value in spec["sizes"].items()}
-        kwargs["distributed_config"] = DistributedConfig(**sizes)
+    if spec["distributed"] is not None:
+        kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
     if spec["device_map"] is not None:
         kwargs["device_map"] = spec["device_map"]
     checkpoint = spec["checkpoints"].get(str(rank), spec["checkpoints"]["*"])
@@ -60,10 +61,12 @@ def _load(spec: dict[str, Any], rank: int, world: int) -> None:
 
 
 def main(spec_path: str, out_dir: str) -> None:
+    """Not `run_rank`: the error is the outcome under test, recorded with its time, then raised as a script would."""
     out = Path(out_dir)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    this = Rank(out)
+    rank, world = this.rank, this.world_size
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8")) | {"out": out_dir}
-    (out / f"rank{rank}.stage").write_text("from_pretrained", encoding="utf-8")
+    this.stage("from_pretrained")
     start = time.monotonic()
     error = None
     with warnings.catch_warnings(record=True) as caught:
@@ -77,8 +80,8 @@ def main(spec_path: str, out_dir: str) -> None:
         "warnings": sorted({str(w.message) for w in caught if spec["warning"] and spec["warning"] in str(w.message)}),
         "seconds": time.monotonic() - start,
     }
-    (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-    (out / f"rank{rank}.stage").write_text("done", encoding="utf-8")
+    this.write(result)
+    this.stage("done")
     # torchrun stops every rank as soon as one exits with an error: give the others a bounded moment to record
     # their own outcome first (the outcome and its time are already written; this only delays the exit).
     # (Not when the others only end once this rank has exited: they wait in a collective for it.)

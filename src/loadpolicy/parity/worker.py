@@ -1,6 +1,6 @@
 """Train K steps on fixed data: once in a single process, once with EP under DeepSpeed ZeRO-3 (one rank each).
 
-`python -m loadpolicy.validate.parity_worker SPEC OUT` in a single process, under torchrun or under
+`python -m loadpolicy.parity.worker SPEC OUT` in a single process, under torchrun or under
 `accelerate launch`. SPEC["mode"] says how the EP model is trained:
 
 - `single`: the reference, a plain torch loop (AdamW, constant lr, optional clipping, frozen parameters);
@@ -16,10 +16,7 @@ expert weights as this rank's shard, and checks) and OUT/rank<R>.stage (where th
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,19 +25,20 @@ import torch
 import transformers
 
 from loadpolicy.harness.procfs import memory_status
+from loadpolicy.harness.rank import Rank, run_rank
 
 
 Stage = Callable[[str], None]
 MICRO_BATCH = 2
 
 
-def _batches(spec: dict[str, Any], steps: int) -> list[Any]:
+def fixed_batches(spec: dict[str, Any], steps: int) -> list[Any]:
     """One fixed global batch per step: `dp` micro-batches of MICRO_BATCH rows, one per data-parallel replica."""
     rows = MICRO_BATCH * spec["dp"]
     return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in range(steps)]
 
 
-def _replica(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
+def replica_batch(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
     """This rank's micro-batch: the ranks of one EP group (one replica) share it."""
     replica = rank // (world // spec["dp"])
     return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
@@ -52,7 +50,7 @@ def _freeze(model: Any, frozen: list[str]) -> None:
             param.requires_grad_(False)
 
 
-def _ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
+def deepspeed_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     return {
         # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
         "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
@@ -65,20 +63,20 @@ def _ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     }
 
 
-def _optimizer(model: Any, spec: dict[str, Any]) -> Any:
+def make_optimizer(model: Any, spec: dict[str, Any]) -> Any:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if spec["optimizer"] == "sgd":
         return torch.optim.SGD(trainable, lr=spec["lr"])
     return torch.optim.AdamW(trainable, lr=spec["lr"], weight_decay=0.0)
 
 
-def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def train_single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
     _freeze(model, spec["frozen"])
-    optimizer = _optimizer(model, spec)
+    optimizer = make_optimizer(model, spec)
     losses = []
-    for step, ids in enumerate(_batches(spec, spec["steps"])):
+    for step, ids in enumerate(fixed_batches(spec, spec["steps"])):
         stage(f"step {step}")
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -90,14 +88,12 @@ def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     return {"losses": losses, "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def _load_ep(spec: dict[str, Any], world: int) -> Any:
+def load_ep(spec: dict[str, Any], world: int) -> Any:
     from transformers import DistributedConfig  # noqa: PLC0415
 
-    ep = world // spec["dp"]
-    # world = dp x ep: ZeRO-3 owns the dp replicas, experts are sharded over the ep ranks of each
-    sizes = {"tp_size": ep, "ep_size": ep} | ({"dp_replicate_size": spec["dp"]} if spec["dp"] > 1 else {})
+    # world = dp x ep: ZeRO-3 owns the dp replicas, experts are sharded over the ep ranks of each (`LaunchShape`)
     model = getattr(transformers, spec["model_class"]).from_pretrained(
-        spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(**sizes)
+        spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(**spec["distributed"])
     )
     model.train()
     _freeze(model, spec["frozen"])
@@ -109,7 +105,7 @@ def _experts(model: Any) -> list[str]:
     return [n for n, p in model.named_parameters() if getattr(p, "ds_zero_placement_family", "") == "autoep_expert"]
 
 
-def _gathered(module: Any) -> dict[str, Any]:
+def gathered_weights(module: Any) -> dict[str, Any]:
     import deepspeed  # noqa: PLC0415
 
     partitioned = [p for _, p in module.named_parameters() if hasattr(p, "ds_id")]
@@ -117,7 +113,7 @@ def _gathered(module: Any) -> dict[str, Any]:
         return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def _loaded(model: Any) -> dict[str, Any]:
+def loaded_state(model: Any) -> dict[str, Any]:
     """What the load handed over, recorded before DeepSpeed sees the model."""
     experts = _experts(model)
     return {
@@ -129,7 +125,7 @@ def _loaded(model: Any) -> dict[str, Any]:
 
 def _unchanged(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
     """Every expert shard must survive the wrap bit for bit (no broadcast from rank 0, no repartition)."""
-    after = _gathered(module)
+    after = gathered_weights(module)
     return {n: bool(torch.equal(loaded["before"][n], after[n])) for n in loaded["experts"]}
 
 
@@ -137,14 +133,16 @@ def _engine(spec: dict[str, Any], world: int, stage: Stage) -> tuple[Any, dict[s
     import deepspeed  # noqa: PLC0415
 
     stage("from_pretrained")
-    model = _load_ep(spec, world)
-    loaded = _loaded(model)
+    model = load_ep(spec, world)
+    loaded = loaded_state(model)
     stage("deepspeed.initialize")
-    engine, *_ = deepspeed.initialize(model=model, optimizer=_optimizer(model, spec), config=_ds_config(spec, world))
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=make_optimizer(model, spec), config=deepspeed_config(spec, world)
+    )
     return engine, loaded
 
 
-def _train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) -> list[float]:
+def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) -> list[float]:
     """Train on `batches` (this rank's micro-batches)."""
     losses = []
     for step, ids in enumerate(batches, start=first):
@@ -193,14 +191,14 @@ def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
-    keep_alive = HfDeepSpeedConfig(_ds_config(spec, world))  # noqa: F841  # held by a weak reference
+    keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
     engine, loaded = _engine(spec, world, stage)
     result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
     rank = int(os.environ["RANK"])
-    batches = [_replica(batch, spec, rank, world) for batch in _batches(spec, spec["steps"] + 1)]
-    result["losses"] = _train_engine(engine, batches[:-1], stage)
+    batches = [replica_batch(batch, spec, rank, world) for batch in fixed_batches(spec, spec["steps"] + 1)]
+    result["losses"] = train_engine(engine, batches[:-1], stage)
     stage("gather")
-    result["weights"] = _gathered(engine.module)
+    result["weights"] = gathered_weights(engine.module)
     if spec["export_dir"]:
         result["export"] = _export(spec, stage, engine.module.save_pretrained)
     if spec["checkpoint_dir"]:
@@ -215,18 +213,18 @@ def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, 
     stage("reload")
     reloaded, _ = _engine(spec, world, stage)
     path, _ = reloaded.load_checkpoint(spec["checkpoint_dir"], tag="parity")
-    restored = _gathered(reloaded.module)
-    original = _gathered(engine.module)
-    (continued,) = _train_engine(engine, [batch], stage, first=spec["steps"])
-    (resumed,) = _train_engine(reloaded, [batch], stage, first=spec["steps"])
+    restored = gathered_weights(reloaded.module)
+    original = gathered_weights(engine.module)
+    (continued,) = train_engine(engine, [batch], stage, first=spec["steps"])
+    (resumed,) = train_engine(reloaded, [batch], stage, first=spec["steps"])
     return {
         "loaded": path is not None,
         "frozen": sorted(n for n, p in engine.module.named_parameters() if not p.requires_grad),
         "restored_equal": all(torch.equal(original[n], restored[n]) for n in original),
         "loss_continued": continued,
         "loss_resumed": resumed,
-        "weights_continued": _gathered(engine.module),
-        "weights_resumed": _gathered(reloaded.module),
+        "weights_continued": gathered_weights(engine.module),
+        "weights_resumed": gathered_weights(reloaded.module),
     }
 
 
@@ -245,22 +243,22 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
         | {"gradient_clipping": spec["clip"]}
     )
     stage("from_pretrained")
-    model = _load_ep(spec, world)
-    loaded = _loaded(model)
+    model = load_ep(spec, world)
+    loaded = loaded_state(model)
     stage("accelerator.prepare")
-    engine, optimizer = accelerator.prepare(model, _optimizer(model, spec))
+    engine, optimizer = accelerator.prepare(model, make_optimizer(model, spec))
     result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
     losses = []
-    for step, batch in enumerate(_batches(spec, spec["steps"])):
+    for step, batch in enumerate(fixed_batches(spec, spec["steps"])):
         stage(f"step {step}")
-        ids = _replica(batch, spec, accelerator.process_index, world)
+        ids = replica_batch(batch, spec, accelerator.process_index, world)
         loss = engine(input_ids=ids, labels=ids).loss
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     stage("gather")
-    result |= {"losses": losses, "weights": _gathered(engine.module)}
+    result |= {"losses": losses, "weights": gathered_weights(engine.module)}
     if spec["export_dir"]:
 
         def save(directory: str) -> None:
@@ -278,7 +276,7 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
 def _training_arguments(spec: dict[str, Any], world: int, out: Path) -> Any:
     from transformers import TrainingArguments  # noqa: PLC0415
 
-    ds_config = _ds_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
+    ds_config = deepspeed_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
     return TrainingArguments(
         output_dir=str(out / "trainer"),
         deepspeed=ds_config,
@@ -305,8 +303,8 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
     world = int(os.environ["WORLD_SIZE"])
     args = _training_arguments(spec, world, out)
     stage("from_pretrained")
-    model = _load_ep(spec, world)
-    loaded = _loaded(model)
+    model = load_ep(spec, world)
+    loaded = loaded_state(model)
     losses: list[float] = []
 
     class RecordingTrainer(Trainer):  # type: ignore[misc]  # transformers is untyped here
@@ -324,7 +322,7 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
             unchanged.update(_unchanged(loaded, model))
 
     # Sequential, in order: the Trainer hands replica d the d-th micro-batch of each global batch.
-    rows = [{"input_ids": row, "labels": row} for batch in _batches(spec, spec["steps"]) for row in batch]
+    rows = [{"input_ids": row, "labels": row} for batch in fixed_batches(spec, spec["steps"]) for row in batch]
     trainer = RecordingTrainer(model=model, args=args, train_dataset=rows, callbacks=[ExpertCheck()])
     stage("trainer.train")
     # A resumed launch records only the steps after the checkpoint
@@ -340,42 +338,30 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
         "experts": loaded["experts"],
         "unchanged": unchanged,
         "losses": losses,
-        "weights": _gathered(engine.module),
+        "weights": gathered_weights(engine.module),
     }
     if spec["export_dir"]:
         result["export"] = _export(spec, stage, trainer.save_model)
     return result
 
 
-def main(spec_path: str, out_dir: str) -> None:
-    out = Path(out_dir)
-    rank = int(os.environ.get("RANK", "0"))
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-
-    def stage(name: str) -> None:
-        (out / f"rank{rank}.stage").write_text(name, encoding="utf-8")
-
-    try:
-        stage("start")
-        match spec["mode"]:
-            case "single":
-                result = _single(spec, stage)
-            case "deepspeed":
-                result = _deepspeed(spec, stage)
-            case "accelerate":
-                result = _accelerate(spec, stage)
-            case "trainer":
-                result = _trainer(spec, stage, out)
-            case "reload":
-                result = _reload(spec, stage)
-            case mode:
-                raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, reload")
-        stage("done")
-    except Exception as exc:
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    result["transformers_file"] = transformers.__file__  # which tree this rank really ran
-    torch.save(result, out / f"rank{rank}.pt")
+def _train(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+    rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
+    match spec["mode"]:
+        case "single":
+            return train_single(spec, rank.stage)
+        case "deepspeed":
+            return _deepspeed(spec, rank.stage)
+        case "accelerate":
+            return _accelerate(spec, rank.stage)
+        case "trainer":
+            return _trainer(spec, rank.stage, rank.out)
+        case "reload":
+            return _reload(spec, rank.stage)
+        case mode:
+            raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, reload")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    # Every rank records its error and exits cleanly: on stock, each must show the same refusal.
+    run_rank(_train, ".pt", exit_on_error=False)

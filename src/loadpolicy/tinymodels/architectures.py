@@ -17,15 +17,23 @@ _COMMON = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "max_pos
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
-    model_type: str
+    """A model the project builds from a transformers config class (a tiny one here, the bench's larger ones)."""
+
+    name: str
     config_class: str
     model_class: str
     config: dict[str, Any]
     moe: bool = True
 
+    def transformers_config(self, **overrides: Any) -> Any:
+        """The model's transformers config object (needs the `live` extra)."""
+        import transformers  # noqa: PLC0415  # the `live` extra
+
+        return getattr(transformers, self.config_class)(**(self.config | overrides))
+
 
 ARCHITECTURES: dict[str, Architecture] = {
-    arch.model_type: arch
+    arch.name: arch
     for arch in (
         Architecture(
             "qwen3_moe",

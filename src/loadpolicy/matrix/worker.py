@@ -1,22 +1,19 @@
-"""One rank of a validation run (`torchrun -m` or `accelerate launch -m loadpolicy.validate.worker SPEC OUT`).
+"""One rank of a validation run (`torchrun -m` or `accelerate launch -m loadpolicy.matrix.worker SPEC OUT`).
 
 For every architecture of the run: ZeRO-3 is switched on the way the launcher's users do it (an `HfDeepSpeedConfig`
 under torchrun, an `Accelerator` under accelerate launch), and each model is loaded the distributed way and checked,
 parameter by parameter and on its logits, against the stock tree's one-process load of the same checkpoint
 (`reference.py`, written before the run). Every rank writes its own
-result file, and a stage file saying where it is, so a timeout can report where each rank was.
+result file, and a stage file saying where it is, so a timeout can report where each rank was (`harness/rank.py`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.validate.reference import input_ids, load_reference
+from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.tinymodels.reference import input_ids, load_reference
 
 
 def _local(tensor: Any) -> Any:
@@ -32,19 +29,6 @@ def _equal(tensor: Any, reference: Any) -> bool:
     import torch
 
     return reference is not None and tensor.shape == reference.shape and bool(torch.equal(tensor.cpu(), reference))
-
-
-class Rank:
-    def __init__(self, out: Path) -> None:
-        self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ["WORLD_SIZE"])
-        self.out = out
-
-    def stage(self, name: str) -> None:
-        (self.out / f"rank{self.rank}.stage").write_text(name, encoding="utf-8")
-
-    def write(self, result: dict[str, Any]) -> None:
-        (self.out / f"rank{self.rank}.json").write_text(json.dumps(result), encoding="utf-8")
 
 
 def _quantization(spec: dict[str, Any]) -> dict[str, Any]:
@@ -123,43 +107,29 @@ def _check(
     return result
 
 
-def main(spec_path: str, out_dir: str) -> None:
-    out = Path(out_dir)
-    rank = Rank(out)
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    results: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
-    current = "import"
-    try:
-        rank.stage(current)
-        import torch
-        import transformers
+def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import transformers
 
-        # The runner checks this: a stale install must not stand in for the tree under test.
-        meta["transformers_file"] = transformers.__file__
-        torch.manual_seed(0)
-        ids = input_ids()
-        current = "read the stock tree's one-process references"
-        rank.stage(current)
-        references = {case["arch"]: load_reference(Path(case["reference"])) for case in spec["cases"]}
-        if spec["zero3"]:
-            current = "enable ZeRO-3"
-            rank.stage(current)
-            keep_alive = _enable_zero3(spec)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
-        for case in spec["cases"]:
-            current = f"{case['arch']}: from_pretrained"
-            rank.stage(current)
-            try:
-                results[case["arch"]] = _check(rank, spec, case, references[case["arch"]], ids)
-            except Exception as exc:  # recorded per architecture; the next one still runs
-                results[case["arch"]] = {"error": f"{type(exc).__name__}: {exc}", "stage": current}
-                results[case["arch"]]["traceback"] = traceback.format_exc()[-3000:]
-        rank.stage("done")
-        rank.write({"results": results} | meta)
-    except BaseException as exc:
-        rank.write({"results": results, "fatal": f"{type(exc).__name__}: {exc}", "stage": current} | meta)
-        raise
+    # The runner checks this: a stale install must not stand in for the tree under test.
+    rank.facts["transformers_file"] = transformers.__file__
+    # Kept in the facts, so that a fatal error still reports the architectures that ran.
+    results: dict[str, Any] = rank.facts.setdefault("results", {})
+    torch.manual_seed(0)
+    ids = input_ids()
+    rank.stage("read the stock tree's one-process references")
+    references = {case["arch"]: load_reference(Path(case["reference"])) for case in spec["cases"]}
+    if spec["zero3"]:
+        rank.stage("enable ZeRO-3")
+        keep_alive = _enable_zero3(spec)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
+    for case in spec["cases"]:
+        rank.stage(f"{case['arch']}: from_pretrained")
+        try:
+            results[case["arch"]] = _check(rank, spec, case, references[case["arch"]], ids)
+        except Exception as exc:  # recorded per architecture; the next one still runs
+            results[case["arch"]] = rank.failure(exc)
+    return {}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    run_rank(_load_every_case)

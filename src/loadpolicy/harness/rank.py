@@ -1,0 +1,79 @@
+"""The one protocol every worker speaks: `python -m <worker> SPEC OUT` on each rank, a stage file, a result file.
+
+A worker reads its JSON spec, says where it is with `rank.stage(...)` (OUT/rank<R>.stage, read when a launch times
+out), and writes one result per rank: OUT/rank<R>.json, or OUT/rank<R>.pt for results that hold tensors. A rank that
+fails writes its error, the stage it was in and the traceback's tail before it exits with the error, so the runner can
+say which rank failed, where, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class Rank:
+    """This process's place in the launch, and its stage and result files under `out`."""
+
+    def __init__(self, out: Path) -> None:
+        # A one-process reference runs without a launcher: rank 0 of 1.
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.out = out
+        self.current = "start"
+        # Facts every result carries, success or failure (which transformers the rank imported, ...)
+        self.facts: dict[str, Any] = {}
+
+    def stage(self, name: str) -> None:
+        self.current = name
+        (self.out / f"rank{self.rank}.stage").write_text(name, encoding="utf-8")
+
+    def result_path(self, suffix: str) -> Path:
+        return self.out / f"rank{self.rank}{suffix}"
+
+    def write(self, result: dict[str, Any], suffix: str = ".json") -> None:
+        """The rank's result: JSON, or (suffix ".pt") a `torch.save` file for results holding tensors."""
+        result = result | self.facts
+        if suffix == ".json":
+            self.result_path(suffix).write_text(json.dumps(result), encoding="utf-8")
+            return
+        import torch  # noqa: PLC0415  # only workers whose results hold tensors need it
+
+        torch.save(result, self.result_path(suffix))
+
+    def failure(self, exc: BaseException) -> dict[str, Any]:
+        return {
+            "error": f"{type(exc).__name__}: {exc}",
+            "stage": self.current,
+            "traceback": traceback.format_exc()[-3000:],
+        }
+
+
+Body = Callable[[Rank, dict[str, Any]], dict[str, Any]]
+
+
+def run_rank(body: Body, suffix: str = ".json", *, exit_on_error: bool = True, argv: list[str] | None = None) -> None:
+    """Run `body(rank, spec)` as this rank and write its result; on an error, write the failure.
+
+    With `exit_on_error` the error is re-raised after it is written: the rank exits non-zero and the launcher stops
+    the others rather than leaving them waiting in a collective. Without it the rank exits cleanly, for runs whose
+    every rank must record the same expected error (a stock tree refusing a load).
+    """
+    spec_path, out_dir = (sys.argv[1:] if argv is None else argv)[:2]
+    rank = Rank(Path(out_dir))
+    spec: dict[str, Any] = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    try:
+        rank.stage("start")
+        result = body(rank, spec)
+    except Exception as exc:
+        rank.write(rank.failure(exc), suffix)
+        if exit_on_error:
+            raise
+        return
+    rank.stage("done")
+    rank.write(result, suffix)

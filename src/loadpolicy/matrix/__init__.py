@@ -1,0 +1,1 @@
+"""The load matrix: every scenario on both trees, launchers and world sizes, judged against the stock reference."""

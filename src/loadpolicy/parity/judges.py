@@ -1,0 +1,164 @@
+"""The parity judges: a distributed run's per-rank results against the single process's, never against itself.
+
+Every bound is written `not (x <= bound)`, so a NaN or a missing figure fails; key sets are compared both ways.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+MAX_RELATIVE_DIFF = 1e-5
+RESUME_AFTER = 2  # steps
+# Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
+FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
+
+
+def relative_diff(a: Any, b: Any) -> float:
+    """max |a - b| / max |b| over a tensor (0 when both are zero)."""
+    scale = float(b.abs().max())
+    return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
+
+
+def compare_training(
+    single: dict[str, Any], results: list[dict[str, Any]], dp: int = 1
+) -> tuple[list[str], float, float]:
+    """Every rank against the single process: policy, expert shards kept, losses and final weights.
+
+    With `dp` replicas (world = dp x ep) the single process trained on the replicas' micro-batches concatenated: its
+    loss is the mean of the replicas' losses, and rank r holds expert slice r % ep.
+    """
+    import torch  # noqa: PLC0415
+
+    problems: list[str] = []
+    loss_rel = weight_rel = 0.0
+    worst = ""
+    reference_losses = torch.tensor(single["losses"])
+    ep = len(results) // dp
+    for rank, result in enumerate(results):
+        problems += handover_problems(rank, result)
+        if len(result["losses"]) != len(reference_losses):
+            problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
+            return problems, loss_rel, weight_rel
+        found, relative, name = _final_weight_problems(rank, result, single["weights"], ep)
+        problems += found
+        if relative > weight_rel or relative != relative:
+            weight_rel, worst = relative, name
+    # Every replica has ep ranks, so the mean over ranks is the mean over replicas.
+    loss_rel = relative_diff(torch.tensor([result["losses"] for result in results]).mean(dim=0), reference_losses)
+    if not (loss_rel <= MAX_RELATIVE_DIFF):
+        problems.append(f"losses differ by {loss_rel:.2e} (relative)")
+    if not (weight_rel <= MAX_RELATIVE_DIFF):
+        problems.append(f"final weights differ by {weight_rel:.2e} (relative, worst: {worst})")
+    return problems, loss_rel, weight_rel
+
+
+def _final_weight_problems(
+    rank: int, result: dict[str, Any], reference: dict[str, Any], ep: int
+) -> tuple[list[str], float, str]:
+    """One rank's final weights (experts: its slice) against the single process's: key sets both ways, shapes, and
+    each tensor within the bound (`not (x <= bound)`: a NaN fails). Returns the problems and the worst tensor."""
+    problems = _names_differ(f"rank {rank}: final weights", set(result["weights"]), set(reference))
+    largest, worst = 0.0, ""
+    for name in sorted(set(result["weights"]) & set(reference)):
+        weight, full = result["weights"][name], reference[name]
+        if name in result["experts"]:
+            n = full.shape[0] // ep
+            full = full[rank % ep * n : (rank % ep + 1) * n]
+        if weight.shape != full.shape:
+            problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
+            continue
+        relative = relative_diff(weight, full)
+        if not (relative <= MAX_RELATIVE_DIFF):
+            problems.append(f"rank {rank}: final {name} differs by {relative:.2e} (relative)")
+        if relative > largest or relative != relative:
+            largest, worst = relative, name
+    return problems, largest, worst
+
+
+def handover_problems(rank: int, result: dict[str, Any]) -> list[str]:
+    """EPMeta selected, expert shards handed to DeepSpeed's expert groups, and unchanged by the wrap."""
+    problems = []
+    if result["policy"] != "EPMeta":
+        problems.append(f"rank {rank}: policy {result['policy']}")
+    if not result["experts"]:
+        problems.append(f"rank {rank}: no parameter was handed to DeepSpeed's expert groups")
+    changed = [n for n, same in result["unchanged"].items() if not same]
+    if changed or len(result["unchanged"]) != len(result["experts"]):
+        problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
+    return problems
+
+
+def checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
+    """After save_checkpoint and a reload: same weights, and one more step gives the same loss and weights."""
+    problems = []
+    for rank, result in enumerate(results):
+        saved = result["checkpoint"]
+        if not saved["loaded"]:
+            problems.append(f"rank {rank}: load_checkpoint found nothing")
+        unmatched = [pattern for pattern in FROZEN if not any(pattern in name for name in saved["frozen"])]
+        if unmatched:
+            problems.append(f"rank {rank}: frozen patterns that matched no parameter: {unmatched}")
+        if not saved["restored_equal"]:
+            problems.append(f"rank {rank}: reloaded weights differ from the saved ones")
+        if saved["loss_continued"] != saved["loss_resumed"]:
+            problems.append(
+                f"rank {rank}: step after reload: loss {saved['loss_resumed']} != {saved['loss_continued']}"
+            )
+        differ = [
+            n
+            for n, w in saved["weights_continued"].items()
+            if not (relative_diff(saved["weights_resumed"][n], w) <= 0)
+        ]
+        if differ:
+            problems.append(f"rank {rank}: step after reload changed weights differently: {differ[:3]}")
+    return problems
+
+
+def compare_export(single: dict[str, Any], reload: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """Judge a reloaded export against the single process. A missing field or a NaN fails."""
+    if "error" in reload:
+        return [f"reload: {reload['error'][:300]}"]
+    problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
+    problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
+    problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))
+    problems += _names_differ("reloaded parameters", set(reload["weights"]), set(single["weights"]))
+    for name in sorted(set(single["weights"]) & set(reload["weights"])):
+        want, have = single["weights"][name], reload["weights"][name]
+        if have.shape != want.shape:
+            problems.append(f"reloaded {name} has shape {tuple(have.shape)}, expected {tuple(want.shape)}")
+        elif not (relative_diff(have, want) <= MAX_RELATIVE_DIFF):
+            problems.append(f"reloaded {name} differs from one process by {relative_diff(have, want):.2e} (relative)")
+    return problems
+
+
+def _names_differ(what: str, got: set[str], expected: set[str]) -> list[str]:
+    if got == expected:
+        return []
+    return [f"{what}: extra {sorted(got - expected)[:4]}, missing {sorted(expected - got)[:4]}"]
+
+
+def compare_resumed(uninterrupted: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[str]:
+    """Rank by rank: the resumed steps' losses and the final weights against the uninterrupted run's."""
+    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
+
+    problems = [f"resumed rank {rank}: {r['error'][:300]}" for rank, r in enumerate(resumed) if "error" in r]
+    if problems:
+        return problems
+    for rank, (full, again) in enumerate(zip(uninterrupted, resumed, strict=True)):
+        expected = full["losses"][RESUME_AFTER:]
+        if len(again["losses"]) != len(expected) or not expected:
+            problems.append(f"resumed rank {rank}: {len(again['losses'])} steps, expected {len(expected)}")
+            continue
+        if not (relative_diff(torch.tensor(again["losses"]), torch.tensor(expected)) <= MAX_RELATIVE_DIFF):
+            problems.append(f"resumed rank {rank}: losses {again['losses']} != {expected}")
+        problems += _names_differ(f"resumed rank {rank}: weights", set(again["weights"]), set(full["weights"]))
+        # `not (x <= bound)`, tensor by tensor: a NaN fails (max() over NaNs would not)
+        differ = [
+            f"{n} by {relative:.2e}"
+            for n, w in full["weights"].items()
+            if n in again["weights"] and not ((relative := relative_diff(again["weights"][n], w)) <= MAX_RELATIVE_DIFF)
+        ]
+        if differ:
+            problems.append(f"resumed rank {rank}: final weights differ: {differ[:3]}")
+    return problems

@@ -1,0 +1,103 @@
+"""One launch as a user writes it: ranks, ZeRO-3 on or off, how EP is spelled, and an explicit policy choice.
+
+Every feature that starts or predicts a launch (the load matrix, faults, parity, the benchmark, AutoEP, `plan`)
+describes it with a `LaunchShape`; the `DistributedConfig` a rank passes and the selector's inputs both derive from it,
+so the spelling of a shape lives here once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from loadpolicy.policy import LoadInputs, LoadPolicy, LoadPolicyError, ParallelSizes, PolicyName, select_load_policy
+
+
+__all__ = ["EPLayout", "LaunchShape"]
+
+
+class EPLayout(enum.StrEnum):
+    """How the launch asks for expert parallelism in its `DistributedConfig`."""
+
+    # no DistributedConfig at all
+    NONE = "none"
+    # DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp]): the shape transformers 5.23.0 accepts
+    TP_EQUALS_EP = "tp=ep"
+    # DistributedConfig(fsdp_size=ep, ep_size=ep): FSDP2 beside EP, refused under ZeRO-3
+    FSDP_EQUALS_EP = "fsdp=ep"
+    # DistributedConfig(enable_expert_parallel=True): the deprecated flag, which leaves ep_size at 1
+    DEPRECATED_FLAG = "enable_expert_parallel"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchShape:
+    """`ranks` processes; with EP, groups of `group` ranks (default: all) that split the experts, `dp` replicas."""
+
+    ranks: int
+    zero3: bool
+    layout: EPLayout = EPLayout.NONE
+    group: int | None = None
+    requested: PolicyName | None = None
+    quantized: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise LoadPolicyError(f"ranks must be >= 1, got {self.ranks}")
+        if self.group is not None and self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.FSDP_EQUALS_EP):
+            raise LoadPolicyError(f"an EP group of {self.group} ranks needs EP; the layout is {self.layout!s}")
+        if self.group is not None and not (1 <= self.group <= self.ranks and self.ranks % self.group == 0):
+            raise LoadPolicyError(f"ep={self.group} must divide ranks={self.ranks} (accepted: a divisor of it)")
+        if self.group == self.ranks:  # one spelling per shape: a group of every rank is the default
+            object.__setattr__(self, "group", None)
+
+    @property
+    def ep(self) -> int:
+        """Ranks each expert is split over (1 without EP)."""
+        if self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.FSDP_EQUALS_EP):
+            return 1
+        return self.ranks if self.group is None else self.group
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas of the EP group (world = dp x ep)."""
+        return self.ranks // self.ep
+
+    def distributed_config(self) -> dict[str, int | bool] | None:
+        """The `DistributedConfig(**...)` keyword arguments every rank passes, or None for none."""
+        match self.layout:
+            case EPLayout.NONE:
+                return None
+            case EPLayout.TP_EQUALS_EP:
+                replicas = {"dp_replicate_size": self.dp} if self.dp > 1 else {}
+                return {"tp_size": self.ep, "ep_size": self.ep} | replicas
+            case EPLayout.FSDP_EQUALS_EP:
+                return {"fsdp_size": self.ep, "ep_size": self.ep}
+            case EPLayout.DEPRECATED_FLAG:
+                return {"enable_expert_parallel": True}
+
+    def parallel_sizes(self) -> ParallelSizes:
+        """The sizes after transformers' normalisation of `distributed_config()`."""
+        match self.layout:
+            case EPLayout.TP_EQUALS_EP:
+                return ParallelSizes(tp=self.ep, ep=self.ep, dp_replicate=self.dp)
+            case EPLayout.FSDP_EQUALS_EP:
+                return ParallelSizes(fsdp=self.ep, ep=self.ep)
+            case EPLayout.NONE | EPLayout.DEPRECATED_FLAG:
+                return ParallelSizes()
+
+    def load_inputs(self) -> LoadInputs:
+        return LoadInputs(
+            zero3_enabled=self.zero3,
+            quantized=self.quantized,
+            sizes=self.parallel_sizes(),
+            requested=self.requested,
+        )
+
+    def selected(self) -> LoadPolicy:
+        """The policy the selector picks for this shape; `LoadPolicyError` when it refuses it."""
+        return select_load_policy(self.load_inputs())
+
+    def describe(self) -> str:
+        requested = f", requested {self.requested}" if self.requested else ""
+        zero3 = "ZeRO-3" if self.zero3 else "no ZeRO-3"
+        return f"{self.ranks} ranks, {zero3}, EP {self.layout} (ep={self.ep}, dp={self.dp}){requested}"

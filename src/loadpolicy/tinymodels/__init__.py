@@ -1,0 +1,1 @@
+"""Tiny checkpoints the project builds from config classes, and the stock tree's one-process reference of each."""
