@@ -46,7 +46,9 @@ def good_ep_result(rank: int) -> dict[str, Any]:
         "on_meta": [],
         "partitioned": 0,
         "parameters": 10,
-        "experts": {"model.layers.0.mlp.experts.gate_up_proj": [[2, 16, 16], [4, 16, 16], True]},
+        "experts": {
+            "model.layers.0.mlp.experts.gate_up_proj": {"local": [2, 16, 16], "full": [4, 16, 16], "equal": True}
+        },
         "dense_unequal": [],
         "max_abs_diff": 3e-8,
     }
@@ -76,8 +78,8 @@ def test_judge_passes_a_correct_ep_load() -> None:
         ({"policy": "MetaShardOnRead"}, "ranks chose different policies"),
         ({"on_meta": ["model.rotary_emb.inv_freq"]}, "left on meta"),
         ({"missing_keys": ["lm_head.weight"]}, "missing_keys"),
-        ({"experts": {"e": [[4, 16, 16], [4, 16, 16], True]}}, "local shape"),
-        ({"experts": {"e": [[2, 16, 16], [4, 16, 16], False]}}, "not this rank's slice"),
+        ({"experts": {"e": {"local": [4, 16, 16], "full": [4, 16, 16], "equal": True}}}, "local shape"),
+        ({"experts": {"e": {"local": [2, 16, 16], "full": [4, 16, 16], "equal": False}}}, "not this rank's slice"),
         ({"experts": {}}, "no expert parameters"),
         ({"max_abs_diff": 1e-3}, "logits differ"),
         ({"max_abs_diff": float("nan")}, "logits differ from the stock one-process load by nan"),

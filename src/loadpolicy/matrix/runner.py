@@ -6,10 +6,11 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages, tree_env
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.matrix.results import LoadCheck, RankReport
 from loadpolicy.matrix.scenarios import SCENARIOS, Run
 from loadpolicy.policy import PolicyName
 from loadpolicy.shape import EPLayout
@@ -87,15 +88,15 @@ def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, time
     return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
 
 
-def _read_rank(out: Path, rank: int) -> dict[str, Any] | None:
+def _read_rank(out: Path, rank: int) -> RankReport | None:
     path = out / f"rank{rank}.json"
     if not path.exists():
         return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    data: RankReport = json.loads(path.read_text(encoding="utf-8"))
     return data
 
 
-def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutcome:
+def _judge(run: Run, arch: str, ranks: list[RankReport | None]) -> ArchOutcome:
     per_rank = []
     for rank, data in enumerate(ranks):
         if data is None:
@@ -127,7 +128,7 @@ def _judge(run: Run, arch: str, ranks: list[dict[str, Any] | None]) -> ArchOutco
     return ArchOutcome(arch, True, f"{figures['policy']}, max abs diff {figures['max_abs_diff']:.1e}", figures)
 
 
-def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[dict[str, Any]]) -> ArchOutcome:
+def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[LoadCheck]) -> ArchOutcome:
     """Stock must fail with the known bug on every rank; any other failure (a crash, a timeout) is not the bug."""
     other = [rank for rank, r in enumerate(per_rank) if stock_error not in r.get("error", "")]
     if other:
@@ -136,7 +137,7 @@ def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[dict[str, A
     return ArchOutcome(arch, False, f"rank 0: {per_rank[0]['error'][:200]}", failed_as_expected=True)
 
 
-def _problems(run: Run, result: dict[str, Any]) -> list[str]:
+def _problems(run: Run, result: LoadCheck) -> list[str]:
     problems = []
     expected = run.spec.patched_policy if run.tree is Tree.PATCHED else None
     if result["policy"] != expected:
@@ -154,7 +155,7 @@ def _problems(run: Run, result: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
+def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
     """Zero3Init: every parameter partitioned, gathered equal to the checkpoint. EP: each rank's expert slice."""
     problems = []
     if run.spec.bnb_8bit and not (result.get("quantized_8bit", 0) > 0):
@@ -166,17 +167,18 @@ def _placement_problems(run: Run, result: dict[str, Any]) -> list[str]:
         return problems
     problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
     if run.spec.layout is not EPLayout.NONE:
-        if not result["experts"]:
+        if not result.get("experts"):
             problems.append("no expert parameters found")
-        for name, (local, full, equal) in result["experts"].items():
+        for name, expert in result.get("experts", {}).items():
+            local, full = expert["local"], expert["full"]
             if local[0] * run.ranks != full[0]:
                 problems.append(f"{name}: local shape {local}, full {full}")
-            if not equal:
+            if not expert["equal"]:
                 problems.append(f"{name}: not this rank's slice of the checkpoint")
     return problems
 
 
-def _unequal_problems(result: dict[str, Any], field: str, what: str) -> list[str]:
+def _unequal_problems(result: LoadCheck, field: Literal["gathered_unequal", "dense_unequal"], what: str) -> list[str]:
     """Names whose values differ from the stock tree's one-process load; a missing field fails (nothing compared)."""
     if field not in result:
         return [f"{what} were not compared with the reference (no {field!r})"]

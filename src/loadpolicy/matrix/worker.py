@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.matrix.results import ExpertSlice, LoadCheck
 from loadpolicy.tinymodels.reference import input_ids, load_reference
 
 
@@ -53,9 +54,7 @@ def _enable_zero3(spec: dict[str, Any]) -> Any:
     return HfDeepSpeedConfig(spec["zero3_config"])
 
 
-def _check(
-    rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: dict[str, Any], ids: Any
-) -> dict[str, Any]:
+def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: dict[str, Any], ids: Any) -> LoadCheck:
     import torch
     import transformers
     from transformers import DistributedConfig
@@ -67,7 +66,7 @@ def _check(
     model, info = model_class.from_pretrained(case["checkpoint"], **kwargs)
     policy = getattr(model, "_load_policy", None)
     tensors = list(model.named_parameters()) + list(model.named_buffers())
-    result: dict[str, Any] = {
+    result: LoadCheck = {
         "policy": None if policy is None else type(policy).__name__,
         "missing_keys": sorted(info["missing_keys"]),
         "unexpected_keys": sorted(info["unexpected_keys"]),
@@ -90,13 +89,15 @@ def _check(
                 logits = model(input_ids=ids).logits.cpu()
         result["gathered_unequal"] = unequal
     else:
-        experts, dense_unequal = {}, []
+        experts: dict[str, ExpertSlice] = {}
+        dense_unequal: list[str] = []
         for name, param in model.named_parameters():
             if ".experts." in name and spec["distributed"] is not None:
                 full, shard = params[name], _local(param.data).cpu()
                 n = full.shape[0] // rank.world_size
                 expected = full[rank.rank * n : (rank.rank + 1) * n]
-                experts[name] = [list(shard.shape), list(full.shape), bool(torch.equal(shard, expected))]
+                equal = bool(torch.equal(shard, expected))
+                experts[name] = {"local": list(shard.shape), "full": list(full.shape), "equal": equal}
             elif not _equal(_whole(param.data), params.get(name)):
                 dense_unequal.append(name)
         result["experts"] = experts
@@ -114,7 +115,7 @@ def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
     # The runner checks this: a stale install must not stand in for the tree under test.
     rank.facts["transformers_file"] = transformers.__file__
     # Kept in the facts, so that a fatal error still reports the architectures that ran.
-    results: dict[str, Any] = rank.facts.setdefault("results", {})
+    results: dict[str, LoadCheck] = rank.facts.setdefault("results", {})
     torch.manual_seed(0)
     ids = input_ids()
     rank.stage("read the stock tree's one-process references")
@@ -127,7 +128,9 @@ def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
         try:
             results[case["arch"]] = _check(rank, spec, case, references[case["arch"]], ids)
         except Exception as exc:  # recorded per architecture; the next one still runs
-            results[case["arch"]] = rank.failure(exc)
+            failure = rank.failure(exc)
+            results[case["arch"]] = {"error": failure["error"], "stage": failure["stage"]}
+            results[case["arch"]]["traceback"] = failure["traceback"]
     return {}
 
 

@@ -1,0 +1,62 @@
+"""Imports run down the layers only: the policy at the bottom, then the harness, the features, the commands."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import loadpolicy
+
+
+PACKAGE = Path(loadpolicy.__file__).parent
+# module or package name (first component under loadpolicy) -> layer; a module may import only its own layer or lower
+LAYERS = {
+    "policy": 0,
+    "shape": 0,
+    "sizes": 0,
+    "dsconfig": 0,
+    "live": 1,
+    "explain": 1,
+    "doctor": 1,
+    "upstream": 1,
+    "harness": 2,
+    "tinymodels": 3,
+    "matrix": 4,
+    "parity": 4,
+    "faults": 4,
+    "bench": 5,  # AutoEP reuses parity's training loop and judges
+    "plan": 6,  # calibrated against the bench
+    "validate": 7,
+    "cli": 8,
+    "__main__": 9,
+    "__init__": 0,
+}
+
+
+def _layer(module: str) -> int:
+    return LAYERS[module.split(".")[0]]
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or node.module is None:
+            continue
+        if node.module.startswith("loadpolicy."):
+            found.add(node.module.removeprefix("loadpolicy."))
+        elif node.module == "loadpolicy":  # `from loadpolicy import doctor`
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}
+    assert tops <= set(LAYERS), sorted(tops - set(LAYERS))
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
+        upward += [f"{here} -> {target}" for target in _imports(path) if _layer(target) > _layer(here)]
+    assert upward == []
