@@ -10,6 +10,7 @@ import pytest
 from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.series import lint_series, read_series
+from loadpolicy.upstream.stack import node_ids_in_source
 
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
@@ -60,10 +61,11 @@ def test_lint_finds_an_unlisted_patch(series_copy: Path) -> None:
 
 
 def test_lint_finds_a_patch_listed_twice_and_a_missing_one(series_copy: Path) -> None:
-    names = (series_copy / "series").read_text(encoding="utf-8").splitlines()
-    (series_copy / "series").write_text("\n".join([*names, names[0], "0042-gone.patch"]) + "\n", encoding="utf-8")
+    lines = (series_copy / "series").read_text(encoding="utf-8").splitlines()
+    first = read_series(series_copy).names[0]
+    (series_copy / "series").write_text("\n".join([*lines, first, "0042-gone.patch"]) + "\n", encoding="utf-8")
     problems = lint_series(read_series(series_copy))
-    assert f"series: {names[0]} is listed twice" in problems
+    assert f"series: {first} is listed twice" in problems
     assert "series: 0042-gone.patch is listed but does not exist" in problems
 
 
@@ -73,8 +75,56 @@ def test_lint_finds_a_missing_dep3_trailer(series_copy: Path) -> None:
     assert f"{first.name}: missing DEP-3 trailer `Forwarded:`" in lint_series(read_series(series_copy))
 
 
+def test_the_series_is_a_stack_of_pull_requests_then_the_fork_only_patches() -> None:
+    series = read_series(PATCHES)
+    labels = [label for label, _ in series.pull_requests()]
+    assert [label.split(":")[0] for label in labels] == [f"PR {n}" for n in range(1, len(labels) + 1)]
+    assert labels[0] == "PR 1: EP under ZeRO-3 loads"
+    ends = [end for _, end in series.pull_requests()]
+    assert ends == sorted(ends)
+    assert ends[-1] < len(series.names)  # the fork-only patches come last
+    assert all(label.startswith("fork-only: ") for label, _ in series.groups[len(labels) :])
+
+
+def test_lint_finds_a_patch_under_another_pull_request(series_copy: Path) -> None:
+    text = (series_copy / "series").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    pr2 = next(i for i, line in enumerate(lines) if line.startswith("# PR 2:"))
+    moved = lines[pr2 - 1]  # PR 1's last patch, now listed under PR 2
+    lines[pr2 - 1], lines[pr2] = lines[pr2], lines[pr2 - 1]
+    (series_copy / "series").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    problems = lint_series(read_series(series_copy))
+    assert any(p.startswith(f"{moved}: its Stack trailer says 'PR 1:") for p in problems), problems
+
+
+def test_lint_finds_a_pull_request_after_the_fork_only_patches(series_copy: Path) -> None:
+    lines = (series_copy / "series").read_text(encoding="utf-8").splitlines()
+    pr2 = next(i for i, line in enumerate(lines) if line.startswith("# PR 2:"))
+    group = lines[pr2 : pr2 + 2]
+    rest = lines[:pr2] + lines[pr2 + 2 :]
+    (series_copy / "series").write_text("\n".join(rest + group) + "\n", encoding="utf-8")
+    problems = lint_series(read_series(series_copy))
+    assert "series: `# PR 2: ZeRO-3 loading errors raised on every rank` comes after a fork-only group" in " ".join(
+        problems
+    )
+    assert any("numbered [1, 3, 4, 5, 6, 2]" in p for p in problems), problems
+
+
+def test_lint_finds_a_patch_outside_any_group(series_copy: Path) -> None:
+    lines = (series_copy / "series").read_text(encoding="utf-8").splitlines()
+    (series_copy / "series").write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
+    problems = lint_series(read_series(series_copy))
+    assert "series: every patch must be listed under a `# PR N: ...` or `# fork-only: ...` line" in problems
+
+
 def test_bad_pin_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "UPSTREAM"
     path.write_text("name = transformers\nversion = 5.23.0\nsdist = x.tar.gz\nsha256 = abc\n", encoding="utf-8")
     with pytest.raises(UpstreamError, match="sha256 must be 64 lowercase hex digits, got 'abc'"):
         read_pin(path)
+
+
+def test_the_tests_a_prefix_adds_are_found_by_name() -> None:
+    source = "class T(Base):\n    def test_a(self): ...\n    def helper(self): ...\n"
+    source += "def test_b(): ...\ndef other(): ...\n"
+    assert node_ids_in_source(source, "tests/x.py") == {"tests/x.py::T::test_a", "tests/x.py::test_b"}

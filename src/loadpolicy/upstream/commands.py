@@ -13,6 +13,7 @@ from loadpolicy.upstream.fetch import fetch_unpinned
 from loadpolicy.upstream.pin import read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, lint_series, read_series, require_clean
+from loadpolicy.upstream.stack import check_prefixes
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,12 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     export.add_argument("tree", type=Path)
     _common(export)
     export.set_defaults(handler=_export)
+
+    stack = series.add_parser("stack", help="each PR's prefix of the series on its own: imports, its own tests")
+    stack.add_argument("tree", type=Path, help="a checkout with the whole series applied (`loadpolicy checkout`)")
+    stack.add_argument("--timeout", type=float, default=1200.0, help="bound on each prefix's tests, in seconds")
+    _common(stack)
+    stack.set_defaults(handler=_stack)
 
     sync = series.add_parser("sync-policy", help="write the generated policy module into a checkout")
     sync.add_argument("tree", type=Path)
@@ -81,6 +88,15 @@ def _export(args: argparse.Namespace) -> str:
     pin = read_pin(args.patches / "UPSTREAM")
     names = export_series(args.tree, pristine_tag(pin), args.patches)
     return f"wrote {len(names)} patches and series to {args.patches}"
+
+
+def _stack(args: argparse.Namespace) -> str:
+    pin = read_pin(args.patches / "UPSTREAM")
+    results = check_prefixes(args.tree.resolve(), read_series(args.patches), pristine_tag(pin), args.timeout)
+    return "\n".join(
+        f"{r.label}: patches 1-{r.patches} apply and import; its {len(r.tests)} test(s) pass ({r.seconds:.0f}s)"
+        for r in results
+    )
 
 
 def _sync_policy(args: argparse.Namespace) -> str:

@@ -1,4 +1,11 @@
-"""The patch series: `patches/series` lists `git format-patch` files in order; lint, apply and export them."""
+"""The patch series: `patches/series` lists `git format-patch` files in order; lint, apply and export them.
+
+The series is a stack of pull requests. Every patch names its place with a `Stack:` trailer, either `PR N: title`
+(the upstream pull request it belongs to; PR N builds on PRs 1..N-1) or `fork-only: reason` (kept in our fork, with
+why it is not proposed). `series` lists them in stack order, a `# <stack>` comment line before each group; `series
+export` writes those lines from the trailers, and `series lint` checks that the two agree and that the groups are in
+order: PR 1, PR 2, ..., then the fork-only patches.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ from loadpolicy.upstream.pin import UpstreamError
 
 
 # DEP-3 trailers every patch carries (https://dep-team.pages.debian.net/deps/dep3/).
-REQUIRED_TRAILERS = ("Origin", "Forwarded", "Last-Update")
+REQUIRED_TRAILERS = ("Origin", "Forwarded", "Last-Update", "Stack")
+_STACK = re.compile(r"^Stack: (?P<label>.+)$", re.MULTILINE)
+_PR_LABEL = re.compile(r"PR (?P<number>\d+): \S.*")
+FORK_ONLY = "fork-only: "
 _PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]+\.patch")
 _FAILED_FILE = re.compile(r"^error: (?:patch failed: (?P<file>.+?):\d+|(?P<missing>.+?): does not exist in index)$")
 
@@ -20,16 +30,42 @@ _FAILED_FILE = re.compile(r"^error: (?:patch failed: (?P<file>.+?):\d+|(?P<missi
 class Series:
     directory: Path
     names: tuple[str, ...]
+    # (the `# ...` line of `series`, the patches listed under it), in order
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def paths(self) -> tuple[Path, ...]:
         return tuple(self.directory / name for name in self.names)
 
+    def pull_requests(self) -> list[tuple[str, int]]:
+        """Each PR group's label and the number of patches up to and including it: the prefixes to check."""
+        prefixes, end = [], 0
+        for label, names in self.groups:
+            end += len(names)
+            if _PR_LABEL.fullmatch(label):
+                prefixes.append((label, end))
+        return prefixes
+
 
 def read_series(directory: Path) -> Series:
     lines = (directory / "series").read_text(encoding="utf-8").splitlines()
-    names = tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
-    return Series(directory=directory.resolve(), names=names)
+    names: list[str] = []
+    groups: list[tuple[str, list[str]]] = []
+    for line in (line.strip() for line in lines):
+        if line.startswith("#"):
+            groups.append((line.lstrip("# "), []))
+        elif line:
+            names.append(line)
+            if groups:
+                groups[-1][1].append(line)
+    return Series(directory.resolve(), tuple(names), tuple((label, tuple(group)) for label, group in groups))
+
+
+def stack_label(patch: str) -> str | None:
+    """The `Stack:` trailer of a `git format-patch` file's header, if any."""
+    header = patch.partition("\n---\n")[0]
+    match = _STACK.search(header)
+    return None if match is None else match["label"].strip()
 
 
 def lint_series(series: Series) -> list[str]:
@@ -52,6 +88,30 @@ def lint_series(series: Series) -> list[str]:
         for path in sorted(series.directory.glob("*.patch"))
         if path.name not in seen
     )
+    return problems + _stack_problems(series)
+
+
+def _stack_problems(series: Series) -> list[str]:
+    """Every patch under the `# label` line its `Stack:` trailer names; PR 1, 2, ... in order, then fork-only."""
+    grouped = [name for _, names in series.groups for name in names]
+    if grouped != list(series.names):
+        return ["series: every patch must be listed under a `# PR N: ...` or `# fork-only: ...` line"]
+    problems = []
+    numbers = []
+    for index, (label, names) in enumerate(series.groups):
+        pull_request = _PR_LABEL.fullmatch(label)
+        if pull_request is None and not label.startswith(FORK_ONLY):
+            problems.append(f"series: `# {label}` is neither `PR N: title` nor `{FORK_ONLY}reason`")
+        if pull_request is not None:
+            numbers.append(int(pull_request["number"]))
+            if any(other.startswith(FORK_ONLY) for other, _ in series.groups[:index]):
+                problems.append(f"series: `# {label}` comes after a fork-only group; proposed PRs come first")
+        for name in names:
+            path = series.directory / name
+            if path.is_file() and (found := stack_label(path.read_text(encoding="utf-8"))) != label:
+                problems.append(f"{name}: its Stack trailer says {found!r}, the series lists it under {label!r}")
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"series: the PRs are numbered {numbers}; expected 1, 2, ... in order, each once")
     return problems
 
 
@@ -110,7 +170,14 @@ def export_series(repo: Path, base: str, directory: Path) -> list[str]:
         f"{base}..HEAD",
     )
     names = [Path(line).name for line in result.stdout.splitlines() if line.strip()]
-    (directory / "series").write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+    lines, current = [], None
+    for name in names:
+        label = stack_label((directory / name).read_text(encoding="utf-8"))
+        if label != current:
+            lines.append(f"# {label}")
+            current = label
+        lines.append(name)
+    (directory / "series").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     return names
 
 

@@ -1,0 +1,88 @@
+"""Every pull request of the stack on its own: the series up to and including it, with the tests it adds.
+
+A maintainer merges PR 1 alone, then PR 2 on top of it, and so on, so each prefix of the series that ends a PR must
+stand by itself: it imports, and the tests that PR adds pass on it (a test that needs a later PR belongs to that
+one). The full series runs every test in `tox -e patches` already; this checks the prefixes.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadpolicy.upstream.git import git
+from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.upstream.series import Series
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixResult:
+    label: str
+    patches: int
+    tests: tuple[str, ...]
+    seconds: float
+
+
+def node_ids_in_source(source: str, path: str) -> set[str]:
+    """pytest node ids of the tests in one file's source: `path::Class::test_x` and `path::test_y`."""
+    ids: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            ids.update(
+                f"{path}::{node.name}::{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef) and item.name.startswith("test_")
+            )
+        elif isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            ids.add(f"{path}::{node.name}")
+    return ids
+
+
+def _tests_at(tree: Path, base: str, commit: str) -> set[str]:
+    """The tests of every test file the series has added or changed by `commit`."""
+    changed = git(tree, "diff", "--name-only", base, commit, "--", "tests").stdout.split()
+    ids: set[str] = set()
+    for path in changed:
+        if Path(path).name.startswith("test_") and path.endswith(".py"):
+            ids |= node_ids_in_source(git(tree, "show", f"{commit}:{path}").stdout, path)
+    return ids
+
+
+def _run(command: list[str], worktree: Path, label: str, timeout: float) -> None:
+    env = {**os.environ, "PYTHONPATH": str(worktree / "src"), "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(command, cwd=worktree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise UpstreamError(f"{label}: `{' '.join(command[:6])} ...` did not finish within {timeout:.0f}s") from exc
+    if done.returncode != 0:
+        raise UpstreamError(f"{label}: `{' '.join(command[:6])} ...` failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.0) -> list[PrefixResult]:
+    """For each PR: a worktree of `tree` at the PR's last patch; it imports, and the tests the PR adds pass there."""
+    commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
+    if len(commits) != len(series.names):
+        raise UpstreamError(f"{tree} has {len(commits)} commits on {base}, the series {len(series.names)} patches")
+    results, earlier = [], set[str]()
+    for label, end in series.pull_requests():
+        started = time.monotonic()
+        worktree = tree.parent / f"{tree.name}-prefix-{end:04d}"
+        git(tree, "worktree", "add", "--force", "--detach", str(worktree), commits[end - 1])
+        try:
+            probe = "import transformers, transformers.integrations.load_policy; print(transformers.__file__)"
+            _run([sys.executable, "-c", probe], worktree, label, timeout)
+            tests = _tests_at(tree, base, commits[end - 1])
+            added = sorted(tests - earlier)
+            if added:
+                pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(worktree)]
+                _run([*pytest, "-c", str(worktree / "pyproject.toml"), *added], worktree, label, timeout)
+            earlier = tests
+        finally:
+            git(tree, "worktree", "remove", "--force", str(worktree))
+        results.append(PrefixResult(label, end, tuple(added), time.monotonic() - started))
+    return results
