@@ -112,3 +112,25 @@ def test_wheel_carries_a_local_version_and_leaves_the_checkout_clean(patched: Pa
         assert "transformers/integrations/load_policy.py" in archive.namelist()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=patched, capture_output=True, text=True, check=True)
     assert status.stdout == ""
+
+
+# An interpreter that sees no DeepSpeed, as a transformers CI job without it: `is_deepspeed_available()` asks
+# `importlib.util.find_spec("deepspeed")`.
+_NO_DEEPSPEED = """
+import importlib.util
+_real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a, **k: None if name.split(".")[0] == "deepspeed" else _real(name, *a, **k)
+"""
+
+
+def test_in_tree_tests_skip_cleanly_without_deepspeed(patched: Path, tmp_path: Path) -> None:
+    """The series' tests live in transformers' `tests/deepspeed/` and skip, not fail, where DeepSpeed is absent."""
+    (tmp_path / "sitecustomize.py").write_text(_NO_DEEPSPEED, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(patched / "src")]), "RUN_SLOW": "1"}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--rootdir", str(patched)]
+    command += ["-c", str(patched / "pyproject.toml"), str(patched / "tests" / "deepspeed")]
+    done = subprocess.run(command, cwd=patched, env=env, capture_output=True, text=True, timeout=300)
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " skipped" in summary, summary
+    assert not any(word in summary for word in ("passed", "failed", "error")), summary

@@ -53,7 +53,7 @@ def _tests_at(tree: Path, base: str, commit: str) -> set[str]:
     return ids
 
 
-def _run(command: list[str], worktree: Path, label: str, timeout: float) -> None:
+def _run(command: list[str], worktree: Path, label: str, timeout: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(worktree / "src"), "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, cwd=worktree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -61,6 +61,7 @@ def _run(command: list[str], worktree: Path, label: str, timeout: float) -> None
         raise UpstreamError(f"{label}: `{' '.join(command[:6])} ...` did not finish within {timeout:.0f}s") from exc
     if done.returncode != 0:
         raise UpstreamError(f"{label}: `{' '.join(command[:6])} ...` failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return done.stdout
 
 
 def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.0) -> list[PrefixResult]:
@@ -80,7 +81,10 @@ def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.
             added = sorted(tests - earlier)
             if added:
                 pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(worktree)]
-                _run([*pytest, "-c", str(worktree / "pyproject.toml"), *added], worktree, label, timeout)
+                output = _run([*pytest, "-c", str(worktree / "pyproject.toml"), *added], worktree, label, timeout)
+                summary = output.strip().splitlines()[-1] if output.strip() else ""
+                if "skipped" in summary:  # a PR's own test that did not run is not a pass
+                    raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
             earlier = tests
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
