@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_sdist, unpack
 from loadpolicy.upstream.pin import Pin, UpstreamError, read_pin
@@ -134,3 +135,13 @@ def test_in_tree_tests_skip_cleanly_without_deepspeed(patched: Path, tmp_path: P
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " skipped" in summary, summary
     assert not any(word in summary for word in ("passed", "failed", "error")), summary
+
+
+def test_the_fork_carries_the_module_generated_from_policy_py(patched: Path) -> None:
+    """PR 1 carries its own module (checked against policy.py in tests/unit/test_series.py); the fork-only patch
+    replaces it with the generated one, whose helpers only the fork's patches call."""
+    carried = (patched / TRANSFORMERS_MODULE).read_text(encoding="utf-8")
+    assert carried == render_transformers_module(SOURCE.read_text(encoding="utf-8")), (
+        "the fork's policy module drifted from src/loadpolicy/policy.py: run `loadpolicy series sync-policy TREE`, "
+        "amend the fork-only patch that carries it, and `loadpolicy series export TREE`"
+    )

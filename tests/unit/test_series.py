@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
+from loadpolicy import policy
+from loadpolicy.upstream.carry import TRANSFORMERS_MODULE
 from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.series import lint_series, read_series
 from loadpolicy.upstream.stack import node_ids_in_source
@@ -28,15 +34,53 @@ def new_file_in_patch(patch: str, path: str) -> str:
     return "".join(content)
 
 
-def test_generated_policy_module_in_the_series_matches_its_source() -> None:
-    carriers = [p for p in read_series(PATCHES).paths if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
-    assert len(carriers) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {carriers}"
-    carried = new_file_in_patch(carriers[0].read_text(encoding="utf-8"), TRANSFORMERS_MODULE)
-    expected = render_transformers_module(SOURCE.read_text(encoding="utf-8"))
-    assert carried == expected, (
-        "the policy module in the series drifted from src/loadpolicy/policy.py: run "
-        "`loadpolicy series sync-policy TREE`, amend the patch that adds it, and `loadpolicy series export TREE`"
-    )
+def _carried_by_pr1() -> ModuleType:
+    """The policy module PR 1 adds (a new file in exactly one patch), executed on its own: it needs only stdlib."""
+    series = read_series(PATCHES)
+    adders = [p for p in series.paths if f"--- /dev/null\n+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
+    assert len(adders) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {adders}"
+    assert series.names.index(adders[0].name) < series.pull_requests()[0][1], "PR 1 must add it"
+    source = new_file_in_patch(adders[0].read_text(encoding="utf-8"), TRANSFORMERS_MODULE)
+    module = ModuleType("carried_load_policy")
+    sys.modules[module.__name__] = module  # dataclasses look their module up while building the classes
+    exec(compile(source, TRANSFORMERS_MODULE, "exec"), module.__dict__)
+    return module
+
+
+DECISIONS = (
+    "init_context",
+    "nested_from_config_opens_zero3_init",
+    "device_map",
+    "loading_branch",
+    "missing_keys",
+    "weight_init",
+    "dense_weights",
+)
+
+
+def _outcome(module: Any, error: type[Exception], inputs: Any) -> tuple[str, dict[str, object]]:
+    try:
+        policy = module.select_load_policy(inputs)
+    except error:
+        return "refused", {}
+    decisions = {name: getattr(policy, name) for name in DECISIONS}
+    fields = dataclasses.asdict(policy)
+    return type(policy).__name__, {k: getattr(v, "value", v) for k, v in (decisions | fields).items()}
+
+
+def test_the_module_pr1_carries_decides_as_policy_py_for_every_input() -> None:
+    """PR 1 carries its own, smaller module in transformers' idiom; it must select and decide as `policy.py` does."""
+    carried = _carried_by_pr1()
+    compared = 0
+    for zero3, quantized, outer in itertools.product((False, True), repeat=3):
+        for tp, ep, fsdp, pp, dp in itertools.product((1, 2, 4), (1, 2, 4), (1, 2), (1, 2), (1, 2)):
+            sizes = {"tp": tp, "ep": ep, "fsdp": fsdp, "pp": pp, "dp_replicate": dp}
+            ours = policy.LoadInputs(zero3, quantized, outer, policy.ParallelSizes(**sizes))
+            theirs = carried.LoadInputs(zero3, quantized, outer, carried.ParallelSizes(**sizes))
+            expected = _outcome(policy, policy.LoadPolicyError, ours)
+            assert _outcome(carried, carried.LoadPolicyError, theirs) == expected, (ours, expected)
+            compared += 1
+    assert compared == 8 * 72
 
 
 def test_committed_series_lints_clean() -> None:

@@ -102,7 +102,7 @@ def _stack(args: argparse.Namespace) -> str:
 def _sync_policy(args: argparse.Namespace) -> str:
     target = args.tree / TRANSFORMERS_MODULE
     target.write_text(render_transformers_module(SOURCE.read_text(encoding="utf-8")), encoding="utf-8")
-    return f"wrote {target}; amend the patch that adds it, then `loadpolicy series export`"
+    return f"wrote {target}; amend the fork-only patch that carries it, then `loadpolicy series export`"
 
 
 def _refresh(args: argparse.Namespace) -> str:
