@@ -249,3 +249,13 @@ def test_autoep_comparison_fails_a_nan_weight() -> None:
     ranks[0]["weights"]["model.embed_tokens.weight"][0, 0] = float("nan")
     problems = compare(reference, ranks, Way.EPMETA)["problems"]
     assert any("final weights differ by nan" in p for p in problems), problems
+
+
+def test_a_failed_parity_case_or_bad_input_fails_the_whole_validation() -> None:
+    from loadpolicy.parity.run import ParityOutcome
+    from loadpolicy.validate.report import ValidationResults
+
+    case = ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED)
+    passed, failed = ParityOutcome(case, 1.0, True, "ok"), ParityOutcome(case, 1.0, False, "losses differ")
+    assert ValidationResults([], [passed]).unexpected() == []
+    assert ValidationResults([], [passed, failed]).unexpected() == [failed]

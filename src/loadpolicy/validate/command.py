@@ -13,7 +13,7 @@ from loadpolicy.matrix.runner import RunOutcome, launch, prepare_matrix
 from loadpolicy.matrix.scenarios import fast_matrix, full_matrix
 from loadpolicy.parity.run import ParityCase, Trainer, run_parity
 from loadpolicy.validate.report import (
-    is_unexpected,
+    ValidationResults,
     render_faults,
     render_markdown,
     render_parity,
@@ -113,10 +113,10 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
     print(render_table(outcomes))
     print(render_parity(parities))
     print(render_faults(faults))
-    write_json(outcomes, out / "report.json", parities, faults)
-    (out / "report.md").write_text(render_markdown(outcomes, command, parities, faults), encoding="utf-8")
-    unexpected: list[object] = [o for o in outcomes if is_unexpected(o)]
-    unexpected += [p for p in parities if not p.passed] + [f for f in faults if not f.passed]
+    results = ValidationResults(outcomes, parities, faults)
+    write_json(results, out / "report.json")
+    (out / "report.md").write_text(render_markdown(results, command), encoding="utf-8")
+    unexpected = results.unexpected()
     total = len(runs) + len(cases) + len(fault_runs)
     print(f"\n{total} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +97,22 @@ def _fault_rows(faults: Sequence[FaultOutcome]) -> list[str]:
     return rows
 
 
-def render_markdown(
-    outcomes: list[RunOutcome],
-    command: str,
-    parities: Sequence[ParityOutcome] = (),
-    faults: Sequence[FaultOutcome] = (),
-) -> str:
+@dataclass(frozen=True, slots=True)
+class ValidationResults:
+    """Everything one `loadpolicy validate` judged: the load matrix, training parity and the bad inputs."""
+
+    loads: list[RunOutcome]
+    parities: Sequence[ParityOutcome] = ()
+    faults: Sequence[FaultOutcome] = ()
+
+    def unexpected(self) -> list[object]:
+        """Every run that did not behave as expected (a load, a parity case or a bad input)."""
+        found: list[object] = [o for o in self.loads if is_unexpected(o)]
+        return found + [p for p in self.parities if not p.passed] + [f for f in self.faults if not f.passed]
+
+
+def render_markdown(results: ValidationResults, command: str) -> str:
+    outcomes, parities, faults = results.loads, results.parities, results.faults
     lines = [
         "# Validation report",
         "",
@@ -151,12 +161,7 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
-def write_json(
-    outcomes: list[RunOutcome],
-    path: Path,
-    parities: Sequence[ParityOutcome] = (),
-    faults: Sequence[FaultOutcome] = (),
-) -> None:
+def write_json(results: ValidationResults, path: Path) -> None:
     loads = [
         {
             "scenario": str(o.run.scenario),
@@ -168,12 +173,12 @@ def write_json(
             "launch_error": o.launch_error,
             "archs": [asdict(a) for a in o.archs],
         }
-        for o in outcomes
+        for o in results.loads
     ]
     payload = {
         "loads": loads,
-        "training_parity": [asdict(p) for p in parities],
-        "bad_inputs": [asdict(f) for f in faults],
+        "training_parity": [asdict(p) for p in results.parities],
+        "bad_inputs": [asdict(f) for f in results.faults],
     }
     path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
