@@ -1,7 +1,8 @@
 """The same 2-rank load on the pristine and on the patched tree: stock 5.23.0 fails EP under ZeRO-3, patched loads it.
 
-Runs the worker of the series' own test (`tests/test_load_policy.py` in the patched tree) with each tree's `src` first
-on PYTHONPATH, so both trees are exercised in one environment. Needs the patched tree installed (tox -e patches).
+Runs the worker of the series' own test (`tests/deepspeed/test_deepspeed_expert_parallel.py` in the patched tree) with
+each tree's `src` first on PYTHONPATH, so both trees are exercised in one environment. Needs the patched tree installed
+(tox -e patches).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ CACHE = ROOT / "build" / "cache"
 
 
 def _load_tree_tests(tree: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tree_test_load_policy", tree / "tests" / "test_load_policy.py")
+    path = tree / "tests" / "deepspeed" / "test_deepspeed_expert_parallel.py"
+    spec = importlib.util.spec_from_file_location("tree_test_load_policy", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
