@@ -50,6 +50,16 @@ class LaunchShape:
         if self.group == self.ranks:  # one spelling per shape: a group of every rank is the default
             object.__setattr__(self, "group", None)
 
+    @classmethod
+    def experts_over(
+        cls, ranks: int, ep: int, *, zero3: bool, requested: PolicyName | None = None, quantized: bool = False
+    ) -> LaunchShape:
+        """EP as 5.23.0 spells it: `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=ranks // ep])`;
+        `ep=1` is no distributed config at all."""
+        layout = EPLayout.NONE if ep == 1 else EPLayout.TP_EQUALS_EP
+        group = None if ep == 1 else ep
+        return cls(ranks, zero3, layout, group=group, requested=requested, quantized=quantized)
+
     @property
     def ep(self) -> int:
         """Ranks each expert is split over (1 without EP)."""

@@ -24,9 +24,7 @@ def launch(
     per_expert_keys: bool = True,
 ) -> Launch:
     """A launch as a user writes it: `--ep E` is DistributedConfig(tp_size=E, ep_size=E) per replica."""
-    layout = EPLayout.TP_EQUALS_EP if ep != 1 else EPLayout.NONE
-    shape = LaunchShape(ranks, zero3, layout, group=None if ep == 1 else ep, requested=requested)
-    return Launch(shape, device, per_expert_keys)
+    return Launch(LaunchShape.experts_over(ranks, ep, zero3=zero3, requested=requested), device, per_expert_keys)
 
 
 # Two layers: attention split by TP (4 KiB each), a norm (100 B), fused experts (8 experts; 64 KiB gate_up, 32 KiB

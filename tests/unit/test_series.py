@@ -47,15 +47,8 @@ def _carried_by_pr1() -> ModuleType:
     return module
 
 
-DECISIONS = (
-    "init_context",
-    "nested_from_config_opens_zero3_init",
-    "device_map",
-    "loading_branch",
-    "missing_keys",
-    "weight_init",
-    "dense_weights",
-)
+# Every decision policy.py's table names, but gate 7: PR 1 loads, PR 3 adds what happens after loading
+DECISIONS = tuple(name for name in policy.decision_table(policy.EPMeta(ep_size=2)) if name != "after_loading")
 
 
 def _outcome(module: Any, error: type[Exception], inputs: Any) -> tuple[str, dict[str, object]]:

@@ -60,6 +60,12 @@ def test_a_group_of_every_rank_is_the_default_spelling() -> None:
     assert LaunchShape(4, True, EPLayout.TP_EQUALS_EP, group=4) == LaunchShape(4, True, EPLayout.TP_EQUALS_EP)
 
 
+def test_experts_over_spells_ep_as_transformers_does() -> None:
+    assert LaunchShape.experts_over(4, 2, zero3=True) == LaunchShape(4, True, EPLayout.TP_EQUALS_EP, group=2)
+    assert LaunchShape.experts_over(4, 4, zero3=False) == LaunchShape(4, False, EPLayout.TP_EQUALS_EP)
+    assert LaunchShape.experts_over(4, 1, zero3=True) == LaunchShape(4, True)
+
+
 def _spec(tmp_path: Path) -> list[str]:
     (tmp_path / "spec.json").write_text(json.dumps({"steps": 2}), encoding="utf-8")
     return [str(tmp_path / "spec.json"), str(tmp_path)]

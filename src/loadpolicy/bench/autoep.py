@@ -43,7 +43,7 @@ from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 from loadpolicy.parity.run import load_result
-from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.checkpoints import build_checkpoint
 
@@ -268,8 +268,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "steps": STEPS,
             "lr": 1e-3,
             "optimizer": "adamw",
-            "dp": DP,
-            "distributed": LaunchShape(WORLD, True, EPLayout.TP_EQUALS_EP, group=WORLD // DP).distributed_config(),
+            "distributed": LaunchShape.experts_over(WORLD, WORLD // DP, zero3=True).distributed_config(),
             "clip": clip,
             "frozen": [],
             "checkpoint_dir": "",

@@ -207,7 +207,7 @@ def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
         )
     stage("gather initial")
     initial = parity_worker.gathered_weights(engine.module)
-    ep_rank = rank % (world // spec["dp"])  # the mesh: dp_replicate outer, tp/ep inner
+    ep_rank = rank % (world // parity_worker.replicas(spec))  # the mesh: dp_replicate outer, tp/ep inner
     rows = {n: [ep_rank * initial[n].shape[0], (ep_rank + 1) * initial[n].shape[0]] for n in loaded["experts"]}
     losses = _train(engine, spec, rank, world, stage)
     stage("gather")

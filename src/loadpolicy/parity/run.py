@@ -34,7 +34,7 @@ from loadpolicy.parity.judges import (
     compare_resumed,
     compare_training,
 )
-from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
@@ -78,7 +78,7 @@ class ParityCase:
     @property
     def shape(self) -> LaunchShape:
         """EP under ZeRO-3, `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`."""
-        return LaunchShape(self.ranks, True, EPLayout.TP_EQUALS_EP, group=self.ranks // self.dp)
+        return LaunchShape.experts_over(self.ranks, self.ranks // self.dp, zero3=True)
 
     @property
     def label(self) -> str:
@@ -126,7 +126,6 @@ def run_parity(
         "steps": case.steps,
         "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
         "optimizer": case.optimizer,
-        "dp": case.dp,
         "distributed": case.shape.distributed_config(),
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],

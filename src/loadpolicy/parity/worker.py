@@ -32,15 +32,21 @@ Stage = Callable[[str], None]
 MICRO_BATCH = 2
 
 
+def replicas(spec: dict[str, Any]) -> int:
+    """Data-parallel replicas of the EP group (world = dp x ep), as the distributed config the ranks load with says."""
+    dp: int = spec["distributed"].get("dp_replicate_size", 1)
+    return dp
+
+
 def fixed_batches(spec: dict[str, Any], steps: int) -> list[Any]:
     """One fixed global batch per step: `dp` micro-batches of MICRO_BATCH rows, one per data-parallel replica."""
-    rows = MICRO_BATCH * spec["dp"]
+    rows = MICRO_BATCH * replicas(spec)
     return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in range(steps)]
 
 
 def replica_batch(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
     """This rank's micro-batch: the ranks of one EP group (one replica) share it."""
-    replica = rank // (world // spec["dp"])
+    replica = rank // (world // replicas(spec))
     return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
 
 

@@ -20,7 +20,7 @@ from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
 from loadpolicy.plan.project import plot_projection, project, render_projection
 from loadpolicy.policy import PolicyName, parse_policy_name
-from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.shape import LaunchShape
 
 
 GIB = 1024**3
@@ -58,8 +58,7 @@ def launch_shape(args: argparse.Namespace) -> LaunchShape:
     `ranks / E` data-parallel replicas; asking for Zero3Init or EPMeta implies a ZeRO-3 config."""
     requested = parse_policy_name(args.policy) if args.policy else None
     zero3 = args.zero3 or requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META)
-    layout = EPLayout.TP_EQUALS_EP if args.ep != 1 else EPLayout.NONE
-    return LaunchShape(args.ranks, zero3, layout, group=None if args.ep == 1 else args.ep, requested=requested)
+    return LaunchShape.experts_over(args.ranks, args.ep, zero3=zero3, requested=requested)
 
 
 def _run_launch(args: argparse.Namespace) -> str:

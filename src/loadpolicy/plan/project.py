@@ -15,7 +15,7 @@ from pathlib import Path
 from loadpolicy.plan.configs import published_config
 from loadpolicy.plan.cost import Device, Launch, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
-from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.shape import LaunchShape
 
 
 GIB = 1024**3
@@ -44,16 +44,15 @@ def _zero3_init(ranks: int) -> Launch:
 
 
 def _plain_ep(ranks: int) -> Launch:
-    return Launch(LaunchShape(ranks, zero3=False, layout=EPLayout.TP_EQUALS_EP), Device.GPU)
+    return Launch(LaunchShape.experts_over(ranks, ranks, zero3=False), Device.GPU)
 
 
 def _ep_meta_node(ranks: int) -> Launch:
-    group = min(ranks, GPUS_PER_NODE)
-    return Launch(LaunchShape(ranks, zero3=True, layout=EPLayout.TP_EQUALS_EP, group=group), Device.GPU)
+    return Launch(LaunchShape.experts_over(ranks, min(ranks, GPUS_PER_NODE), zero3=True), Device.GPU)
 
 
 def _ep_meta_world(ranks: int) -> Launch:
-    return Launch(LaunchShape(ranks, zero3=True, layout=EPLayout.TP_EQUALS_EP), Device.GPU)
+    return Launch(LaunchShape.experts_over(ranks, ranks, zero3=True), Device.GPU)
 
 
 # (label, launch shape at R ranks): the shapes users run.
