@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.autoep_results import ReferenceRun, WayRank
 from loadpolicy.harness.launch import (
     Launcher,
     Tree,
@@ -42,7 +43,7 @@ from loadpolicy.harness.launch import (
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
-from loadpolicy.parity.run import load_result
+from loadpolicy.parity.results import RankFailure, parse, read_raw, transformers_file
 from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.checkpoints import build_checkpoint
@@ -111,7 +112,7 @@ def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: fl
     worker = ["-m", "loadpolicy.bench.autoep_worker", str(out / "spec.json"), str(out)]
     command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
     code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
-    results = [load_result(out / f"rank{rank}.pt") for rank in range(ranks)]
+    results = [read_raw(out / f"rank{rank}.pt") for rank in range(ranks)]
     failed = [(rank, r) for rank, r in enumerate(results) if "error" in r and "stage" in r]
     if failed:  # the rank that raised first names itself; the others were stopped by torchrun
         rank, result = failed[0]
@@ -127,9 +128,9 @@ def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: fl
 def _imported_problems(results: list[dict[str, Any]], tree: Path) -> list[str]:
     src = tree.resolve() / "src"
     return [
-        f"rank {rank} imported transformers from {r.get('transformers_file')}, not from {src}"
+        f"rank {rank} imported transformers from {transformers_file(r)}, not from {src}"
         for rank, r in enumerate(results)
-        if not Path(str(r.get("transformers_file"))).is_relative_to(src)
+        if not Path(transformers_file(r)).is_relative_to(src)
     ]
 
 
@@ -161,7 +162,18 @@ def _worse(a: float, b: float) -> float:
     return a + b if a != a or b != b else max(a, b)
 
 
-def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Every rank of one way against the one-process reference (relative differences; NaN where one was NaN)."""
+
+    problems: list[str]
+    loss_rel: float | None = None
+    initial_rel: float | None = None
+    final_rel: float | None = None
+    worst: str = ""
+
+
+def compare(single: ReferenceRun, results: list[WayRank], way: Way) -> Comparison:
     """Losses, weights after `deepspeed.initialize` and final weights of every rank against the reference.
 
     EPMeta's ranks also report what the load handed to DeepSpeed (`parity.handover_problems`).
@@ -174,14 +186,17 @@ def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> 
     problems: list[str] = []
     steps = {len(r["losses"]) for r in results}
     if steps != {len(single["losses"])}:
-        return {"problems": [f"ranks took {sorted(steps)} steps, the reference {len(single['losses'])}"]}
+        return Comparison([f"ranks took {sorted(steps)} steps, the reference {len(single['losses'])}"])
     losses = torch.tensor([r["losses"] for r in results]).mean(dim=0)
     loss_rel = relative_diff(losses, torch.tensor(single["losses"]))
     initial_rel = final_rel = 0.0
     worst = ""
     for rank, result in enumerate(results):
         if way is Way.EPMETA:
-            problems += handover_problems(rank, result)
+            # a missing record of the hand-over fails the judge (empty lists fail handover_problems)
+            problems += handover_problems(
+                rank, result["policy"], result.get("experts", []), result.get("unchanged", {})
+            )
         relative, _, found = _weights_rel(single["initial"], rank, result["initial"], result["expert_rows"])
         initial_rel = _worse(initial_rel, relative)
         problems += found
@@ -194,16 +209,10 @@ def compare(single: dict[str, Any], results: list[dict[str, Any]], way: Way) -> 
             problems.append(f"{what} differ by {value:.2e} (relative)")
     if not (final_rel <= MAX_RELATIVE_DIFF):
         problems.append(f"final weights differ by {final_rel:.2e} (relative, worst: {worst})")
-    return {
-        "problems": sorted(set(problems)),
-        "loss_rel": loss_rel,
-        "initial_rel": initial_rel,
-        "final_rel": final_rel,
-        "worst": worst,
-    }
+    return Comparison(sorted(set(problems)), loss_rel, initial_rel, final_rel, worst)
 
 
-def _figures(results: list[dict[str, Any]], stage: str) -> dict[str, Any]:
+def _figures(results: list[WayRank], stage: str) -> dict[str, Any]:
     per_rank = [r["figures"][stage] for r in results]
     return {
         "s": max(f["seconds"] for f in per_rank),
@@ -215,7 +224,7 @@ def _figures(results: list[dict[str, Any]], stage: str) -> dict[str, Any]:
 def run_way(
     arch: str,
     way: Way,
-    single: dict[str, Any],
+    single: ReferenceRun,
     trees: dict[Tree, Path],
     spec: dict[str, Any],
     out: Path,
@@ -228,29 +237,34 @@ def run_way(
     error = _launch(spec, trees[way.tree], out, WORLD, timeout)
     if error is not None:
         return Row(arch, str(way), time.monotonic() - start, error=error)
-    results = [load_result(out / f"rank{rank}.pt") for rank in range(WORLD)]
-    imported = _imported_problems(results, trees[way.tree])
+    raws = [read_raw(out / f"rank{rank}.pt") for rank in range(WORLD)]
+    imported = _imported_problems(raws, trees[way.tree])
     if imported:
         return Row(arch, str(way), time.monotonic() - start, error="; ".join(imported))
+    parsed = [parse(raw, WayRank) for raw in raws]
+    failures = [f"rank {rank}: {r.error}" for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
+    if failures:
+        return Row(arch, str(way), time.monotonic() - start, error="; ".join(failures))
+    results = [r for r in parsed if not isinstance(r, RankFailure)]
     compared = compare(single, results, way)
     load, init = _figures(results, "load"), _figures(results, "initialize")
     return Row(
         arch=arch,
         way=str(way),
         seconds=time.monotonic() - start,
-        parity=not compared["problems"],
-        problems=compared["problems"],
+        parity=not compared.problems,
+        problems=compared.problems,
         load_s=load["s"],
         load_peak_mib=load["peak_mib"],
         load_rise_mib=load["rise_mib"],
         init_s=init["s"],
         init_peak_mib=init["peak_mib"],
         init_rise_mib=init["rise_mib"],
-        loss_rel=compared.get("loss_rel"),
-        initial_rel=compared.get("initial_rel"),
-        final_rel=compared.get("final_rel"),
-        worst=compared.get("worst", ""),
-        policy=str(results[0].get("policy", "")),
+        loss_rel=compared.loss_rel,
+        initial_rel=compared.initial_rel,
+        final_rel=compared.final_rel,
+        worst=compared.worst,
+        policy=results[0]["policy"],
         shim_applied=results[0].get("shim_applied"),
     )
 
@@ -281,7 +295,11 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             print(*map(_line, failed), sep="\n", flush=True)
             rows += failed
             continue
-        single = load_result(directory / "single" / "rank0.pt")
+        single = parse(read_raw(directory / "single" / "rank0.pt"), ReferenceRun)
+        if isinstance(single, RankFailure):
+            failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {single.error}") for way in Way]
+            rows += failed
+            continue
         for way in Way:
             row = run_way(arch, way, single, trees, spec, directory / str(way), timeout)
             rows.append(row)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import transformers
 
+from loadpolicy.bench.autoep_results import ReferenceRun, StageFigures, WayRank
 from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
@@ -77,7 +78,7 @@ def apply_output_capture_registry_shim() -> bool:
 
 
 @contextmanager
-def _measured(figures: dict[str, Any], name: str) -> Iterator[None]:
+def _measured(figures: dict[str, StageFigures], name: str) -> Iterator[None]:
     """Time the block on this rank and record its peak RSS; every rank starts it together."""
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
@@ -173,12 +174,13 @@ def to_hf_layout(
 # --- the three modes ------------------------------------------------------------------------------------------------
 
 
-def _single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def _single(spec: dict[str, Any], stage: Stage) -> ReferenceRun:
     stage("from_pretrained")
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     del model
-    return parity_worker.train_single(spec, stage) | {"initial": initial}
+    trained = parity_worker.train_single(spec, stage)
+    return {"losses": trained["losses"], "weights": trained["weights"], "initial": initial}
 
 
 def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stage) -> list[float]:
@@ -189,13 +191,13 @@ def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stag
     return parity_worker.train_engine(engine, batches, stage)
 
 
-def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[str, Any]:
+def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     ds_config = parity_worker.deepspeed_config(spec, world)
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
-    figures: dict[str, Any] = {}
+    figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
     with _measured(figures, "load"):
         model = parity_worker.load_ep(spec, world)
@@ -223,14 +225,14 @@ def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
     }
 
 
-def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[str, Any]:
+def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     ds_config = parity_worker.deepspeed_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
-    figures: dict[str, Any] = {}
+    figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
     with _measured(figures, "load"):
         model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
@@ -268,7 +270,7 @@ def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> dict[s
     }
 
 
-def _compare(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+def _compare(rank: Rank, spec: dict[str, Any]) -> ReferenceRun | WayRank:
     rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
     getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
     if spec["mode"] == "single":

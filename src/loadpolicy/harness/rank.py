@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,9 @@ class Rank:
     def result_path(self, suffix: str) -> Path:
         return self.out / f"rank{self.rank}{suffix}"
 
-    def write(self, result: dict[str, Any], suffix: str = ".json") -> None:
+    def write(self, result: Mapping[str, Any], suffix: str = ".json") -> None:
         """The rank's result: JSON, or (suffix ".pt") a `torch.save` file for results holding tensors."""
-        result = result | self.facts
+        result = {**result, **self.facts}
         if suffix == ".json":
             self.result_path(suffix).write_text(json.dumps(result), encoding="utf-8")
             return
@@ -54,7 +54,8 @@ class Rank:
         }
 
 
-Body = Callable[[Rank, dict[str, Any]], dict[str, Any]]
+# a result is a plain dict or a TypedDict (the contract of the feature's `results` module)
+Body = Callable[[Rank, dict[str, Any]], Mapping[str, Any]]
 
 
 def run_rank(body: Body, suffix: str = ".json", *, exit_on_error: bool = True, argv: list[str] | None = None) -> None:

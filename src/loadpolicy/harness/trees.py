@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import subprocess
@@ -25,7 +26,21 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
         check=True,
         capture_output=True,
     )
+    for tree in (pristine, patched):
+        compile_tree(tree / "src")
     return {Tree.STOCK: pristine, Tree.PATCHED: patched}
+
+
+def compile_tree(src: Path) -> None:
+    """Write the bytecode of a tree that ranks import from source, once, before any launch.
+
+    Ranks run with PYTHONDONTWRITEBYTECODE (tox sets it), so without this every rank of every launch compiles the
+    transformers modules it imports again: about 2 s of CPU per process here, a third of a two-rank launch.
+    `compileall` writes regardless of that flag; a file changed later (a mutation) no longer matches its bytecode and
+    is compiled from source as before.
+    """
+    if not compileall.compile_dir(str(src), quiet=1, workers=0):
+        raise RuntimeError(f"could not compile every module under {src}")
 
 
 def prebuild_deepspeed_ops(out: Path) -> None:

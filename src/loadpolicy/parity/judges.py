@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadpolicy.parity.results import RankFailure, Reloaded, SingleRun, TrainedRank
+
 
 MAX_RELATIVE_DIFF = 1e-5
 RESUME_AFTER = 2  # steps
@@ -20,9 +22,7 @@ def relative_diff(a: Any, b: Any) -> float:
     return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
 
 
-def compare_training(
-    single: dict[str, Any], results: list[dict[str, Any]], dp: int = 1
-) -> tuple[list[str], float, float]:
+def compare_training(single: SingleRun, results: list[TrainedRank], dp: int = 1) -> tuple[list[str], float, float]:
     """Every rank against the single process: policy, expert shards kept, losses and final weights.
 
     With `dp` replicas (world = dp x ep) the single process trained on the replicas' micro-batches concatenated: its
@@ -36,7 +36,7 @@ def compare_training(
     reference_losses = torch.tensor(single["losses"])
     ep = len(results) // dp
     for rank, result in enumerate(results):
-        problems += handover_problems(rank, result)
+        problems += handover_problems(rank, result["policy"], result["experts"], result["unchanged"])
         if len(result["losses"]) != len(reference_losses):
             problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
             return problems, loss_rel, weight_rel
@@ -54,7 +54,7 @@ def compare_training(
 
 
 def _final_weight_problems(
-    rank: int, result: dict[str, Any], reference: dict[str, Any], ep: int
+    rank: int, result: TrainedRank, reference: dict[str, Any], ep: int
 ) -> tuple[list[str], float, str]:
     """One rank's final weights (experts: its slice) against the single process's: key sets both ways, shapes, and
     each tensor within the bound (`not (x <= bound)`: a NaN fails). Returns the problems and the worst tensor."""
@@ -76,23 +76,26 @@ def _final_weight_problems(
     return problems, largest, worst
 
 
-def handover_problems(rank: int, result: dict[str, Any]) -> list[str]:
+def handover_problems(rank: int, policy: str, experts: list[str], unchanged: dict[str, bool]) -> list[str]:
     """EPMeta selected, expert shards handed to DeepSpeed's expert groups, and unchanged by the wrap."""
     problems = []
-    if result["policy"] != "EPMeta":
-        problems.append(f"rank {rank}: policy {result['policy']}")
-    if not result["experts"]:
+    if policy != "EPMeta":
+        problems.append(f"rank {rank}: policy {policy}")
+    if not experts:
         problems.append(f"rank {rank}: no parameter was handed to DeepSpeed's expert groups")
-    changed = [n for n, same in result["unchanged"].items() if not same]
-    if changed or len(result["unchanged"]) != len(result["experts"]):
+    changed = [n for n, same in unchanged.items() if not same]
+    if changed or len(unchanged) != len(experts):
         problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
     return problems
 
 
-def checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
+def checkpoint_problems(results: list[TrainedRank]) -> list[str]:
     """After save_checkpoint and a reload: same weights, and one more step gives the same loss and weights."""
     problems = []
     for rank, result in enumerate(results):
+        if "checkpoint" not in result:
+            problems.append(f"rank {rank}: no record of save_checkpoint and reload")
+            continue
         saved = result["checkpoint"]
         if not saved["loaded"]:
             problems.append(f"rank {rank}: load_checkpoint found nothing")
@@ -115,10 +118,8 @@ def checkpoint_problems(results: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def compare_export(single: dict[str, Any], reload: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+def compare_export(single: SingleRun, reload: Reloaded, results: list[TrainedRank]) -> list[str]:
     """Judge a reloaded export against the single process. A missing field or a NaN fails."""
-    if "error" in reload:
-        return [f"reload: {reload['error'][:300]}"]
     problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
     problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
     problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))
@@ -138,14 +139,17 @@ def _names_differ(what: str, got: set[str], expected: set[str]) -> list[str]:
     return [f"{what}: extra {sorted(got - expected)[:4]}, missing {sorted(expected - got)[:4]}"]
 
 
-def compare_resumed(uninterrupted: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[str]:
+def compare_resumed(uninterrupted: list[TrainedRank], resumed: list[TrainedRank | RankFailure]) -> list[str]:
     """Rank by rank: the resumed steps' losses and the final weights against the uninterrupted run's."""
     import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
 
-    problems = [f"resumed rank {rank}: {r['error'][:300]}" for rank, r in enumerate(resumed) if "error" in r]
+    problems = [
+        f"resumed rank {rank}: {r.error[:300]}" for rank, r in enumerate(resumed) if isinstance(r, RankFailure)
+    ]
     if problems:
         return problems
-    for rank, (full, again) in enumerate(zip(uninterrupted, resumed, strict=True)):
+    finished = [r for r in resumed if not isinstance(r, RankFailure)]
+    for rank, (full, again) in enumerate(zip(uninterrupted, finished, strict=True)):
         expected = full["losses"][RESUME_AFTER:]
         if len(again["losses"]) != len(expected) or not expected:
             problems.append(f"resumed rank {rank}: {len(again['losses'])} steps, expected {len(expected)}")

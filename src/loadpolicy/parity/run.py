@@ -34,6 +34,15 @@ from loadpolicy.parity.judges import (
     compare_resumed,
     compare_training,
 )
+from loadpolicy.parity.results import (
+    RankFailure,
+    Reloaded,
+    SingleRun,
+    TrainedRank,
+    parse,
+    read_raw,
+    transformers_file,
+)
 from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
@@ -108,15 +117,6 @@ def _launch(spec: dict[str, Any], tree: Path, out: Path, command: list[str], ran
     return None
 
 
-def load_result(path: Path) -> dict[str, Any]:
-    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it compares weights
-
-    if not path.exists():
-        return {"error": f"{path.parent.name}/{path.name}: no result"}
-    result: dict[str, Any] = torch.load(path, weights_only=True)
-    return result
-
-
 def run_parity(
     case: ParityCase, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float
 ) -> ParityOutcome:
@@ -137,19 +137,21 @@ def run_parity(
     start = time.monotonic()
     if (error := _run_reference_and_case(case, spec, trees, out, timeout)) is not None:
         return _outcome(case, start, [error])
-    single = load_result(out / "single" / "rank0.pt")
-    if "error" in single:
-        return _outcome(case, start, [f"single process: {single['error']}"])
-    results = [load_result(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
+    single = parse(read_raw(out / "single" / "rank0.pt"), SingleRun)
+    if isinstance(single, RankFailure):
+        return _outcome(case, start, [f"single process: {single.error}"])
+    raws = [read_raw(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
     tree_src = trees[case.tree].resolve() / "src"
-    imported = {str(r.get("transformers_file")) for r in results}
+    imported = {transformers_file(raw) for raw in raws}
     if not all(Path(f).is_relative_to(tree_src) for f in imported):
         # Not a result about this tree at all: fail whatever the expectation.
         detail = f"ranks imported transformers from {sorted(imported)}, not from {tree_src}"
         return ParityOutcome(case, time.monotonic() - start, False, detail)
     if case.tree is Tree.STOCK:
-        return _stock_outcome(case, start, results)
-    errors = [f"rank {rank}: {r['error'][:300]}" for rank, r in enumerate(results) if "error" in r]
+        return _stock_outcome(case, start, raws)
+    parsed = [parse(raw, TrainedRank) for raw in raws]
+    errors = [f"rank {rank}: {r.error[:300]}" for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
+    results = [r for r in parsed if not isinstance(r, RankFailure)]
     if errors:
         return _outcome(case, start, errors)
     problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
@@ -159,7 +161,7 @@ def run_parity(
     if case.resume and not problems:
         detail += f"; resumed from checkpoint-{RESUME_AFTER} in a new launch: same losses and final weights"
     if case.export and not problems:
-        rise = max(r["export"]["save_peak_rise_mib"] for r in results)
+        rise = max(r["export"]["save_peak_rise_mib"] for r in results if "export" in r)
         detail += (
             f"; save_pretrained -> one-process reload on stock: every tensor within {MAX_RELATIVE_DIFF:.0e}, "
             f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
@@ -189,8 +191,8 @@ def _after_training_problems(
     spec: dict[str, Any],
     trees: dict[Tree, Path],
     out: Path,
-    single: dict[str, Any],
-    results: list[dict[str, Any]],
+    single: SingleRun,
+    results: list[TrainedRank],
     timeout: float,
 ) -> list[str]:
     """What the user does after training: reload a DeepSpeed checkpoint, resume the Trainer, save for the Hub."""
@@ -229,7 +231,7 @@ def _stock_outcome(case: ParityCase, start: float, results: list[dict[str, Any]]
 
 
 def _export_problems(
-    spec: dict[str, Any], stock: Path, out: Path, single: dict[str, Any], results: list[dict[str, Any]], timeout: float
+    spec: dict[str, Any], stock: Path, out: Path, single: SingleRun, results: list[TrainedRank], timeout: float
 ) -> list[str]:
     """The saved Hub checkpoint, reloaded in one process by the stock tree (not the code under test), must hold the
     single process's final weights, under the checkpoint's own tensor names, nothing missing or unexpected."""
@@ -238,14 +240,17 @@ def _export_problems(
     command = [sys.executable, "-m", "loadpolicy.parity.worker", str(out / "spec.json"), str(out)]
     if (error := _launch(spec, stock, out, command, 1, timeout)) is not None:
         return [f"reload: {error}"]
-    reload = load_result(out / "rank0.pt")
-    if not Path(str(reload.get("transformers_file"))).is_relative_to(stock.resolve() / "src"):
-        return [f"reload imported transformers from {reload.get('transformers_file')}, not from the stock tree"]
+    raw = read_raw(out / "rank0.pt")
+    if not Path(transformers_file(raw)).is_relative_to(stock.resolve() / "src"):
+        return [f"reload imported transformers from {transformers_file(raw)}, not from the stock tree"]
+    reload = parse(raw, Reloaded)
+    if isinstance(reload, RankFailure):
+        return [f"reload: {reload.error[:300]}"]
     return compare_export(single, reload, results)
 
 
 def _resume_problems(
-    case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, results: list[dict[str, Any]], timeout: float
+    case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, results: list[TrainedRank], timeout: float
 ) -> list[str]:
     """A new launch resumes from the checkpoint written after RESUME_AFTER steps: its steps' losses and its final
     weights must be those of the uninterrupted run (itself judged against one process)."""
@@ -260,5 +265,5 @@ def _resume_problems(
     command = launch_command(case.trainer.launcher, case.ranks, worker, directory)
     if (error := _launch(spec, tree, directory, command, case.ranks, timeout)) is not None:
         return [f"resumed launch: {error}"]
-    resumed = [load_result(directory / f"rank{rank}.pt") for rank in range(case.ranks)]
+    resumed = [parse(read_raw(directory / f"rank{rank}.pt"), TrainedRank) for rank in range(case.ranks)]
     return compare_resumed(results, resumed)

@@ -26,6 +26,7 @@ import transformers
 
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.parity.results import Export, Reloaded, SavedCheckpoint, SingleRun, TrainedRank
 
 
 Stage = Callable[[str], None]
@@ -76,7 +77,7 @@ def make_optimizer(model: Any, spec: dict[str, Any]) -> Any:
     return torch.optim.AdamW(trainable, lr=spec["lr"], weight_decay=0.0)
 
 
-def train_single(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def train_single(spec: dict[str, Any], stage: Stage) -> SingleRun:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
     _freeze(model, spec["frozen"])
@@ -160,7 +161,7 @@ def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) 
     return losses
 
 
-def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> dict[str, Any]:
+def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> Export:
     """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
     stage("save hub checkpoint")
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
@@ -169,7 +170,7 @@ def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> 
     return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20}
 
 
-def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def _reload(spec: dict[str, Any], stage: Stage) -> Reloaded:
     """One process, plain `from_pretrained` of the exported directory: its weights, what the load reported, and the
     tensor names on disk beside those of the checkpoint the run started from."""
     from safetensors import safe_open  # noqa: PLC0415
@@ -193,18 +194,18 @@ def _reload(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     }
 
 
-def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def _deepspeed(spec: dict[str, Any], stage: Stage) -> TrainedRank:
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
     keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
     engine, loaded = _engine(spec, world, stage)
-    result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
+    unchanged = _unchanged(loaded, engine.module)
     rank = int(os.environ["RANK"])
     batches = [replica_batch(batch, spec, rank, world) for batch in fixed_batches(spec, spec["steps"] + 1)]
-    result["losses"] = train_engine(engine, batches[:-1], stage)
+    losses = train_engine(engine, batches[:-1], stage)
     stage("gather")
-    result["weights"] = gathered_weights(engine.module)
+    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
         result["export"] = _export(spec, stage, engine.module.save_pretrained)
     if spec["checkpoint_dir"]:
@@ -212,7 +213,7 @@ def _deepspeed(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     return result
 
 
-def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, stage: Stage) -> dict[str, Any]:
+def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, stage: Stage) -> SavedCheckpoint:
     """Save, reload into a freshly loaded engine, and take one more step on both: they must agree."""
     stage("save_checkpoint")
     engine.save_checkpoint(spec["checkpoint_dir"], tag="parity")
@@ -234,7 +235,7 @@ def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, 
     }
 
 
-def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
+def _accelerate(spec: dict[str, Any], stage: Stage) -> TrainedRank:
     from accelerate import Accelerator, InitProcessGroupKwargs  # noqa: PLC0415
 
     # Created before `from_pretrained`: its ZeRO-3 plugin is what makes every rank select EPMeta. On CPU a plain
@@ -253,7 +254,7 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
     loaded = loaded_state(model)
     stage("accelerator.prepare")
     engine, optimizer = accelerator.prepare(model, make_optimizer(model, spec))
-    result = {"policy": loaded["policy"], "experts": loaded["experts"], "unchanged": _unchanged(loaded, engine.module)}
+    unchanged = _unchanged(loaded, engine.module)
     losses = []
     for step, batch in enumerate(fixed_batches(spec, spec["steps"])):
         stage(f"step {step}")
@@ -264,7 +265,7 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> dict[str, Any]:
         optimizer.zero_grad()
         losses.append(loss.item())
     stage("gather")
-    result |= {"losses": losses, "weights": gathered_weights(engine.module)}
+    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
 
         def save(directory: str) -> None:
@@ -303,7 +304,7 @@ def _training_arguments(spec: dict[str, Any], world: int, out: Path) -> Any:
     )
 
 
-def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
+def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> TrainedRank:
     from transformers import Trainer, TrainerCallback  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
@@ -339,19 +340,25 @@ def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> dict[str, Any]:
             f"the Trainer did not wrap the model in DeepSpeed (model_wrapped is {type(engine).__name__})"
         )
     stage("gather")
-    result = {
-        "policy": loaded["policy"],
-        "experts": loaded["experts"],
-        "unchanged": unchanged,
-        "losses": losses,
-        "weights": gathered_weights(engine.module),
-    }
+    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
         result["export"] = _export(spec, stage, trainer.save_model)
     return result
 
 
-def _train(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+def _trained(
+    loaded: dict[str, Any], unchanged: dict[str, bool], losses: list[float], weights: dict[str, Any]
+) -> TrainedRank:
+    return {
+        "policy": loaded["policy"],
+        "experts": loaded["experts"],
+        "unchanged": unchanged,
+        "losses": losses,
+        "weights": weights,
+    }
+
+
+def _train(rank: Rank, spec: dict[str, Any]) -> SingleRun | TrainedRank | Reloaded:
     rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
     match spec["mode"]:
         case "single":
