@@ -10,9 +10,10 @@ import torch
 
 from loadpolicy.faults.run import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
 from loadpolicy.harness.launch import Tree
+from loadpolicy.harness.rank import RankFailure, parse, read_raw
 from loadpolicy.matrix.scenarios import STOCK_DEVICE_MAP_ERROR
 from loadpolicy.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
-from loadpolicy.parity.results import RankFailure, Reloaded, SingleRun, TrainedRank, parse, read_raw
+from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
 from loadpolicy.parity.run import ParityCase, Trainer, _outcome, _stock_outcome
 
 

@@ -41,9 +41,9 @@ from loadpolicy.harness.launch import (
     tree_env,
 )
 from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
-from loadpolicy.parity.results import RankFailure, parse, read_raw, transformers_file
 from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.checkpoints import build_checkpoint

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
+from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.harness.launch import (
     Launcher,
     Tree,
@@ -37,6 +38,7 @@ from loadpolicy.harness.launch import (
     tree_env,
 )
 from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.rank import RankFailure, parse, read_raw
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
@@ -64,7 +66,7 @@ class Case:
         """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
         return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested)
 
-    def problems(self, results: list[dict[str, Any]], tree: Path) -> list[str]:
+    def problems(self, results: list[LoadMeasurement], tree: Path) -> list[str]:
         """What makes a launch not this case: another policy, another tree, or (stock) parameters not partitioned."""
         expected = self.policy if self.tree is Tree.PATCHED else None  # stock has no `_load_policy`
         problems = [
@@ -100,7 +102,7 @@ def _applies(case: Case, model: BenchModel) -> bool:
 
 def _launch(
     spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[LoadMeasurement], str | None]:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.json"):
         stale.unlink()
@@ -110,11 +112,12 @@ def _launch(
         evict_from_page_cache(Path(spec["checkpoint"]))
     env = tree_env(tree) | FIXED_MALLOC
     code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), env, out / "log", timeout)
-    results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("rank*.json"))]
-    failed = [(rank, r) for rank, r in enumerate(results) if "error" in r]
+    parsed = [parse(read_raw(path), LoadMeasurement) for path in sorted(out.glob("rank*.json"))]
+    failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
     if failed:
-        rank, result = failed[0]
-        return [], f"rank {rank} failed in {result['stage']}: {result['error'][:200]}"
+        rank, failure = failed[0]
+        return [], f"rank {rank} failed in {failure.stage or 'its result'}: {failure.error[:200]}"
+    results = [r for r in parsed if not isinstance(r, RankFailure)]
     if code is None:
         return results, f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
     if code != 0 or len(results) != ranks:
@@ -153,7 +156,7 @@ def _peak(rank: dict[str, Any], kind: str) -> float:
     return float(max(rank[f"peak_{kind}"], rank[f"held_{kind}"]))
 
 
-def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list[dict[str, Any]]]) -> Row:
+def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list[LoadMeasurement]]) -> Row:
     def per_repeat(figure: Any, combine: Any = max) -> dict[str, float]:
         return _summary([combine(figure(r) for r in ranks_) / GIB for ranks_ in runs])
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -51,7 +52,7 @@ def _touch_every_tensor(model: Any) -> int:
     return owned
 
 
-def _measure_load(this: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
@@ -86,7 +87,7 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> dict[str, Any]:
     held = memory_status()
     io_touched = io_counters()  # pages of memory-mapped tensors that loading left untouched are read on first use
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
-    result = {
+    result: LoadMeasurement = {
         "rank": rank,
         "policy": None if policy is None else type(policy).__name__,
         "transformers_file": transformers.__file__,

@@ -3,7 +3,8 @@
 A worker reads its JSON spec, says where it is with `rank.stage(...)` (OUT/rank<R>.stage, read when a launch times
 out), and writes one result per rank: OUT/rank<R>.json, or OUT/rank<R>.pt for results that hold tensors. A rank that
 fails writes its error, the stage it was in and the traceback's tail before it exits with the error, so the runner can
-say which rank failed, where, and why.
+say which rank failed, where, and why. The reading side parses a result back as its feature's contract (a TypedDict
+in the feature's `results` module) with `parse`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Rank:
@@ -78,3 +80,44 @@ def run_rank(body: Body, suffix: str = ".json", *, exit_on_error: bool = True, a
         return
     rank.stage("done")
     rank.write(result, suffix)
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """A rank with no usable result: its error (or the fields its result lacked) and where it was."""
+
+    error: str
+    stage: str = ""
+
+
+Contract = TypeVar("Contract", bound=Mapping[str, object])
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    """A result file as written (JSON, or a `torch.save` file), `{"error": ...}` when there is none."""
+    if not path.exists():
+        return {"error": f"{path.parent.name}/{path.name}: no result"}
+    if path.suffix == ".json":
+        loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return loaded
+    import torch  # noqa: PLC0415  # only results holding tensors need it
+
+    raw: dict[str, Any] = torch.load(path, weights_only=True)
+    return raw
+
+
+def parse(raw: dict[str, Any], contract: type[Contract]) -> Contract | RankFailure:
+    """`raw` as `contract`, or a `RankFailure`: the rank's own error, or the required fields it lacks."""
+    if "error" in raw:
+        return RankFailure(str(raw["error"]), str(raw.get("stage", "")))
+    required: frozenset[str] = vars(contract)["__required_keys__"]
+    missing = sorted(required - raw.keys())
+    if missing:
+        return RankFailure(f"result lacks {missing} (a {contract.__name__})")
+    result: Contract = raw  # type: ignore[assignment]  # checked against the contract's required keys just above
+    return result
+
+
+def transformers_file(raw: dict[str, Any]) -> str:
+    """Which transformers the rank imported (a fact every result carries, success or failure)."""
+    return str(raw.get("transformers_file"))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadpolicy.parity.results import RankFailure, Reloaded, SingleRun, TrainedRank
+from loadpolicy.harness.rank import RankFailure
+from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
 
 
 MAX_RELATIVE_DIFF = 1e-5

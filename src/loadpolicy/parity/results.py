@@ -1,16 +1,13 @@
 """What a parity rank reports: the contract between `worker` (writes) and `run`/`judges` (read and judge).
 
-Results travel as `torch.save` files. `read_result` parses one back: a file that is missing, a rank that failed, or
-a result that lacks a field the contract requires becomes a `RankFailure` naming what is missing, so a judge never
-reads a field that is not there and a missing figure can never count as a pass.
+Results travel as `torch.save` files; `harness.rank.parse` reads one back as its contract, or as a `RankFailure` (a
+missing file, a rank that failed, a field the contract requires that is not there), so a judge never reads a field
+that is not there and a missing figure can never count as a pass.
 """
 
 # No `from __future__ import annotations`: TypedDict reads `NotRequired` off evaluated annotations only, and
 # `parse` relies on `__required_keys__`.
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar
+from typing import Any, NotRequired, TypedDict
 
 
 Tensor = Any  # torch.Tensor: torch is Any to mypy in this project (pyproject.toml)
@@ -62,41 +59,3 @@ class Reloaded(TypedDict):
     loading_info: dict[str, list[str]]
     keys_on_disk: list[str]
     keys_in_checkpoint: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class RankFailure:
-    """A rank with no usable result: its error (or the fields its result lacked) and where it was."""
-
-    error: str
-    stage: str = ""
-
-
-Contract = TypeVar("Contract", bound=Mapping[str, object])
-
-
-def read_raw(path: Path) -> dict[str, Any]:
-    """A result file as written, `{"error": ...}` when there is none."""
-    import torch  # noqa: PLC0415  # the orchestrator imports torch only when it reads results
-
-    if not path.exists():
-        return {"error": f"{path.parent.name}/{path.name}: no result"}
-    raw: dict[str, Any] = torch.load(path, weights_only=True)
-    return raw
-
-
-def parse(raw: dict[str, Any], contract: type[Contract]) -> Contract | RankFailure:
-    """`raw` as `contract`, or a `RankFailure`: the rank's own error, or the required fields it lacks."""
-    if "error" in raw:
-        return RankFailure(str(raw["error"]), str(raw.get("stage", "")))
-    required: frozenset[str] = vars(contract)["__required_keys__"]
-    missing = sorted(required - raw.keys())
-    if missing:
-        return RankFailure(f"result lacks {missing} (a {contract.__name__})")
-    result: Contract = raw  # type: ignore[assignment]  # checked against the contract's required keys just above
-    return result
-
-
-def transformers_file(raw: dict[str, Any]) -> str:
-    """Which transformers the rank imported (a fact every result carries, success or failure)."""
-    return str(raw.get("transformers_file"))

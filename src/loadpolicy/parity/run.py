@@ -25,6 +25,7 @@ from loadpolicy.harness.launch import (
     stages,
     tree_env,
 )
+from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
 from loadpolicy.parity.judges import (
     FROZEN,
     MAX_RELATIVE_DIFF,
@@ -34,15 +35,7 @@ from loadpolicy.parity.judges import (
     compare_resumed,
     compare_training,
 )
-from loadpolicy.parity.results import (
-    RankFailure,
-    Reloaded,
-    SingleRun,
-    TrainedRank,
-    parse,
-    read_raw,
-    transformers_file,
-)
+from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
 from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
@@ -118,8 +111,15 @@ def _launch(spec: dict[str, Any], tree: Path, out: Path, command: list[str], ran
 
 
 def run_parity(
-    case: ParityCase, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float
+    case: ParityCase,
+    trees: dict[Tree, Path],
+    checkpoints: Path,
+    out: Path,
+    timeout: float,
+    references: dict[str, Path] | None = None,
 ) -> ParityOutcome:
+    """Run `case` against its one-process reference. `references`, shared by the cases of one validation, keeps each
+    reference's directory by what trains it, so cases that train the same way run it once."""
     spec = {
         "model_class": ARCHITECTURES[case.arch].model_class,
         "checkpoint": str(checkpoints / case.arch),
@@ -135,9 +135,13 @@ def run_parity(
         "resume_from": "",
     }
     start = time.monotonic()
-    if (error := _run_reference_and_case(case, spec, trees, out, timeout)) is not None:
+    known = {} if references is None else references
+    reference, error = _reference(spec, trees[Tree.STOCK], out / "single", timeout, known)
+    if error is None:
+        error = _run_case(case, spec, trees[case.tree], out, timeout)
+    if error is not None:
         return _outcome(case, start, [error])
-    single = parse(read_raw(out / "single" / "rank0.pt"), SingleRun)
+    single = parse(read_raw(reference / "rank0.pt"), SingleRun)
     if isinstance(single, RankFailure):
         return _outcome(case, start, [f"single process: {single.error}"])
     raws = [read_raw(out / str(case.trainer) / f"rank{rank}.pt") for rank in range(case.ranks)]
@@ -169,20 +173,40 @@ def run_parity(
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
 
 
-def _run_reference_and_case(
-    case: ParityCase, spec: dict[str, Any], trees: dict[Tree, Path], out: Path, timeout: float
+# What a spec holds only for the distributed run: the one-process reference trains the same without them.
+_CASE_ONLY = ("checkpoint_dir", "export_dir", "save_steps", "resume_from")
+
+
+def _reference(
+    spec: dict[str, Any], stock: Path, directory: Path, timeout: float, references: dict[str, Path]
+) -> tuple[Path, str | None]:
+    """The single-process reference on the stock tree (not the code under test): its directory, and why it did not
+    complete. A reference already run for the same training (model, steps, optimizer, clipping, frozen parameters,
+    batches) is reused."""
+    key = json.dumps({k: v for k, v in spec.items() if k not in _CASE_ONLY}, sort_keys=True)
+    if key in references:
+        return references[key], None
+    error = _run_mode(spec, "single", 1, Launcher.TORCHRUN, stock, directory, timeout)
+    if error is None:
+        references[key] = directory
+    return directory, error
+
+
+def _run_case(case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, timeout: float) -> str | None:
+    directory = out / str(case.trainer)
+    return _run_mode(spec, str(case.trainer), case.ranks, case.trainer.launcher, tree, directory, timeout)
+
+
+def _run_mode(
+    spec: dict[str, Any], mode: str, ranks: int, launcher: Launcher, tree: Path, directory: Path, timeout: float
 ) -> str | None:
-    """The single-process reference, on the stock tree (not the code under test), then the case on its tree."""
-    for mode, ranks, tree in (("single", 1, Tree.STOCK), (str(case.trainer), case.ranks, case.tree)):
-        directory = out / mode
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "spec.json").write_text(json.dumps(spec | {"mode": mode}), encoding="utf-8")
-        worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
-        command = [sys.executable, *worker]
-        if mode != "single":
-            command = launch_command(case.trainer.launcher, ranks, worker, directory)
-        if (error := _launch(spec, trees[tree], directory, command, ranks, timeout)) is not None:
-            return f"{mode}: {error}"
+    """One launch of the parity worker in `mode` (one process without a launcher for the reference)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spec.json").write_text(json.dumps(spec | {"mode": mode}), encoding="utf-8")
+    worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
+    command = [sys.executable, *worker] if mode == "single" else launch_command(launcher, ranks, worker, directory)
+    if (error := _launch(spec, tree, directory, command, ranks, timeout)) is not None:
+        return f"{mode}: {error}"
     return None
 
 

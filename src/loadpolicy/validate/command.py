@@ -96,8 +96,9 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
         )
     parities = []
     cases = PARITY_FAST if fast else PARITY_FULL
+    references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
     for index, case in enumerate(cases, start=1):
-        parity = run_parity(case, trees, checkpoints, out / "parity" / f"{index:03d}", timeout)
+        parity = run_parity(case, trees, checkpoints, out / "parity" / f"{index:03d}", timeout, references)
         parities.append(parity)
         mark = "ok " if parity.passed else "!! "
         print(f"{mark}[{index}/{len(cases)}] {case.label}: {parity.detail} ({parity.seconds:.1f}s)", flush=True)

@@ -1,0 +1,30 @@
+"""What a benchmark rank reports for one `from_pretrained`: the contract between `worker` and `run`.
+
+Read back with `parity.results.parse`: a result lacking a field is a failure naming it, never a zero.
+"""
+
+from typing import TypedDict
+
+
+class LoadMeasurement(TypedDict):
+    """Bytes are of this rank's process; `*_before` just before `from_pretrained`, `peak_*` during it, `held_*` after
+    every tensor was touched."""
+
+    rank: int
+    policy: str | None  # stock transformers has no `_load_policy`
+    transformers_file: str
+    unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
+    seconds: float
+    rss_before: int
+    anon_before: int
+    file_before: int
+    peak_anon: int
+    peak_file: int
+    peak_total: int
+    held_anon: int
+    held_total: int
+    held_file: int
+    read_bytes: int  # read from storage, loading and touching together
+    read_bytes_loading: int
+    rchar: int
+    owned_bytes: int  # bytes of the parameters and buffers this rank holds
