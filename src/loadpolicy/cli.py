@@ -29,7 +29,8 @@ EXAMPLES: dict[str, tuple[dict[str, object] | None, RawSizes]] = {
     "ep-zero3": ({"zero_optimization": {"stage": 3}}, RawSizes(tp_size=2, ep_size=2)),
     "dense-zero3": ({"zero_optimization": {"stage": 3}}, RawSizes()),
     "plain-ep": (None, RawSizes(tp_size=2, ep_size=2)),
-    "zero3-fsdp": ({"zero_optimization": {"stage": 3}}, RawSizes(fsdp_size=2, ep_size=2)),
+    "ep-zero3-dispatch": ({"zero_optimization": {"stage": 3}}, RawSizes(fsdp_size=2, ep_size=2)),
+    "zero3-fsdp": ({"zero_optimization": {"stage": 3}}, RawSizes(fsdp_size=2)),
 }
 
 

@@ -273,6 +273,8 @@ def explain_selection(inputs: LoadInputs) -> tuple[LoadPolicy, str]:
         default, reason = EPMeta(ep_size=sizes.ep), f"EP (ep_size={sizes.ep}) under ZeRO-3 must shard experts on read"
         if sizes.dp_replicate > 1:
             reason += f"; ZeRO-3 owns the {sizes.dp_replicate} data-parallel replicas"
+        if sizes.fsdp > 1:
+            reason += f"; ZeRO-3 owns the {sizes.fsdp} data-parallel ranks, tokens reach their experts by all-to-all"
     elif inputs.quantized:
         default = MetaShardOnRead(zero3_enabled=True, quantized=True)
         reason = "a quantized model cannot be built under zero.Init"
@@ -315,13 +317,18 @@ def _refuse_impossible(inputs: LoadInputs) -> None:
     sizes = inputs.sizes
     if not inputs.zero3_enabled:
         return
-    # With EP, DeepSpeed owns the dp_replicate replicas (world = dp x ep); FSDP2 never runs under ZeRO-3.
-    if sizes.fsdp > 1 or (sizes.dp_replicate > 1 and not sizes.expert_parallel):
+    # FSDP2 never runs under ZeRO-3. With EP, ZeRO-3 owns the data-parallel dimension of the mesh instead: the
+    # dp_replicate replicas of tp = ep groups (world = dp x ep), or, with token dispatch, the fsdp ranks (every rank
+    # its own batch, world = fsdp = efsdp x ep).
+    token_dispatch = sizes.expert_parallel and sizes.tp == 1 and sizes.dp_replicate == 1
+    if (sizes.fsdp > 1 and not token_dispatch) or (sizes.dp_replicate > 1 and not sizes.expert_parallel):
         raise LoadPolicyError(
             f"DeepSpeed ZeRO-3 cannot be combined with FSDP2 data parallelism (fsdp_size={sizes.fsdp}, "
-            f"dp_replicate_size={sizes.dp_replicate}): both would shard the same parameters. Accepted under ZeRO-3: "
-            "fsdp_size=1, and dp_replicate_size=1 unless ep_size > 1 (then ZeRO-3 owns the dp_replicate_size "
-            "data-parallel replicas); or drop the DeepSpeed config."
+            f"dp_replicate_size={sizes.dp_replicate}, tp_size={sizes.tp}, ep_size={sizes.ep}): both would shard the "
+            "same parameters. Accepted under ZeRO-3: fsdp_size=1 and dp_replicate_size=1; with expert parallelism, "
+            "DistributedConfig(fsdp_size=<world size>, ep_size=E) (every rank its own batch, tokens sent to their "
+            "experts by all-to-all, ZeRO-3 owning the fsdp ranks) or DistributedConfig(tp_size=E, ep_size=E, "
+            "dp_replicate_size=<world size / E>); or drop the DeepSpeed config."
         )
     if sizes.pp > 1:
         raise LoadPolicyError(

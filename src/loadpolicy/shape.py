@@ -23,8 +23,11 @@ class EPLayout(enum.StrEnum):
     NONE = "none"
     # DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp]): the shape transformers 5.23.0 accepts
     TP_EQUALS_EP = "tp=ep"
-    # DistributedConfig(fsdp_size=ep, ep_size=ep): FSDP2 beside EP, refused under ZeRO-3
-    FSDP_EQUALS_EP = "fsdp=ep"
+    # DistributedConfig(fsdp_size=ranks, ep_size=ep): token dispatch, every rank its own batch and tokens sent to
+    # their experts by all-to-all; the fsdp ranks are FSDP2's without ZeRO-3 and ZeRO-3's under it
+    TOKEN_DISPATCH = "fsdp=world"
+    # DistributedConfig(fsdp_size=ranks) without EP: FSDP2 alone, refused under ZeRO-3
+    FSDP_WITHOUT_EP = "fsdp, no ep"
     # DistributedConfig(enable_expert_parallel=True): the deprecated flag, which leaves ep_size at 1
     DEPRECATED_FLAG = "enable_expert_parallel"
 
@@ -43,7 +46,7 @@ class LaunchShape:
     def __post_init__(self) -> None:
         if self.ranks < 1:
             raise LoadPolicyError(f"ranks must be >= 1, got {self.ranks}")
-        if self.group is not None and self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.FSDP_EQUALS_EP):
+        if self.group is not None and self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.TOKEN_DISPATCH):
             raise LoadPolicyError(f"an EP group of {self.group} ranks needs EP; the layout is {self.layout!s}")
         if self.group is not None and not (1 <= self.group <= self.ranks and self.ranks % self.group == 0):
             raise LoadPolicyError(f"ep={self.group} must divide ranks={self.ranks} (accepted: a divisor of it)")
@@ -60,17 +63,28 @@ class LaunchShape:
         group = None if ep == 1 else ep
         return cls(ranks, zero3, layout, group=group, requested=requested, quantized=quantized)
 
+    @classmethod
+    def dispatching(cls, ranks: int, ep: int, *, zero3: bool) -> LaunchShape:
+        """Token dispatch: `DistributedConfig(fsdp_size=ranks, ep_size=ep)`, every rank its own batch."""
+        return cls(ranks, zero3, EPLayout.TOKEN_DISPATCH, group=ep)
+
     @property
     def ep(self) -> int:
         """Ranks each expert is split over (1 without EP)."""
-        if self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.FSDP_EQUALS_EP):
+        if self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.TOKEN_DISPATCH):
             return 1
         return self.ranks if self.group is None else self.group
 
     @property
     def dp(self) -> int:
-        """Data-parallel replicas of the EP group (world = dp x ep)."""
+        """Data-parallel replicas of the EP group (world = dp x ep): ranks that hold the same experts."""
         return self.ranks // self.ep
+
+    @property
+    def batches(self) -> int:
+        """Distinct micro-batches per step: one per replica when the ranks of an EP group share one (tp = ep), one
+        per rank with token dispatch."""
+        return self.ranks if self.layout is EPLayout.TOKEN_DISPATCH else self.dp
 
     def distributed_config(self) -> dict[str, int | bool] | None:
         """The `DistributedConfig(**...)` keyword arguments every rank passes, or None for none."""
@@ -80,8 +94,10 @@ class LaunchShape:
             case EPLayout.TP_EQUALS_EP:
                 replicas = {"dp_replicate_size": self.dp} if self.dp > 1 else {}
                 return {"tp_size": self.ep, "ep_size": self.ep} | replicas
-            case EPLayout.FSDP_EQUALS_EP:
-                return {"fsdp_size": self.ep, "ep_size": self.ep}
+            case EPLayout.TOKEN_DISPATCH:
+                return {"fsdp_size": self.ranks, "ep_size": self.ep}
+            case EPLayout.FSDP_WITHOUT_EP:
+                return {"fsdp_size": self.ranks}
             case EPLayout.DEPRECATED_FLAG:
                 return {"enable_expert_parallel": True}
 
@@ -90,8 +106,10 @@ class LaunchShape:
         match self.layout:
             case EPLayout.TP_EQUALS_EP:
                 return ParallelSizes(tp=self.ep, ep=self.ep, dp_replicate=self.dp)
-            case EPLayout.FSDP_EQUALS_EP:
-                return ParallelSizes(fsdp=self.ep, ep=self.ep)
+            case EPLayout.TOKEN_DISPATCH:
+                return ParallelSizes(fsdp=self.ranks, ep=self.ep)
+            case EPLayout.FSDP_WITHOUT_EP:
+                return ParallelSizes(fsdp=self.ranks)
             case EPLayout.NONE | EPLayout.DEPRECATED_FLAG:
                 return ParallelSizes()
 

@@ -44,8 +44,15 @@ def test_no_deepspeed_config_is_meta_shard_on_read() -> None:
     assert result.stdout.startswith("policy: MetaShardOnRead")
 
 
-def test_stage3_with_fsdp_is_a_clear_error(stage3: Path) -> None:
+def test_stage3_with_fsdp_and_ep_is_token_dispatch(stage3: Path) -> None:
     result = run("explain", "--deepspeed-config", str(stage3), "--fsdp-size", "2", "--ep-size", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("policy: EPMeta")
+    assert "ZeRO-3 owns the 2 data-parallel ranks, tokens reach their experts by all-to-all" in result.stdout
+
+
+def test_stage3_with_fsdp_is_a_clear_error(stage3: Path) -> None:
+    result = run("explain", "--deepspeed-config", str(stage3), "--fsdp-size", "2")
     assert result.returncode == 2
     assert result.stdout == ""
     assert "fsdp_size=2" in result.stderr
@@ -96,7 +103,13 @@ def test_bad_size_is_refused_by_the_parser() -> None:
 
 @pytest.mark.parametrize(
     ("example", "policy"),
-    [("ep-zero3", "EPMeta"), ("dense-zero3", "Zero3Init"), ("plain-ep", "MetaShardOnRead"), ("zero3-fsdp", None)],
+    [
+        ("ep-zero3", "EPMeta"),
+        ("ep-zero3-dispatch", "EPMeta"),
+        ("dense-zero3", "Zero3Init"),
+        ("plain-ep", "MetaShardOnRead"),
+        ("zero3-fsdp", None),
+    ],
 )
 def test_examples(example: str, policy: str | None, capsys: pytest.CaptureFixture[str]) -> None:
     assert example in EXAMPLES

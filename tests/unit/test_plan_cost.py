@@ -129,7 +129,7 @@ def test_dense_zero3_shard_on_read_reads_everything_on_every_rank() -> None:
         (lambda: launch(4, zero3=True, requested=PolicyName.EP_META), "'EPMeta' was requested"),
         (lambda: launch(6, zero3=True, ep=6), "ep=6 must divide the number of experts"),
         (lambda: launch(4, ep=2), "tp must be 1 or ranks .4., got 2"),
-        (lambda: Launch(LaunchShape(4, True, EPLayout.FSDP_EQUALS_EP)), "cannot be combined with FSDP2"),
+        (lambda: Launch(LaunchShape(4, True, EPLayout.FSDP_WITHOUT_EP)), "cannot be combined with FSDP2"),
         (lambda: launch(0, zero3=True), "ranks must be >= 1, got 0"),
     ],
 )

@@ -116,6 +116,19 @@ SCENARIOS = [
         EPMeta(ep_size=2),
         EP_ZERO3,
     ),
+    # token dispatch: every rank its own batch, ZeRO-3 owns the fsdp ranks (efsdp x ep), no FSDP2, no TP
+    (
+        "ZeRO-3 + EP, token dispatch",
+        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=2, ep=2)),
+        EPMeta(2),
+        EP_ZERO3,
+    ),
+    (
+        "ZeRO-3 + EP 2 over 4 ranks, token dispatch",
+        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=4, ep=2)),
+        EPMeta(ep_size=2),
+        EP_ZERO3,
+    ),
 ]
 
 
@@ -155,8 +168,18 @@ REFUSALS = [
     # (case, inputs, substrings the message must contain: the offending values and the accepted ones)
     (
         "ZeRO-3 + FSDP2",
-        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=2, ep=2)),
-        ["fsdp_size=2", "Accepted under ZeRO-3: fsdp_size=1"],
+        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=2)),
+        ["fsdp_size=2", "Accepted under ZeRO-3: fsdp_size=1", "DistributedConfig(fsdp_size=<world size>, ep_size=E)"],
+    ),
+    (
+        "ZeRO-3 + FSDP2 beside tp = ep",
+        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=2, tp=2, ep=2)),
+        ["fsdp_size=2", "tp_size=2", "DistributedConfig(fsdp_size=<world size>, ep_size=E)"],
+    ),
+    (
+        "ZeRO-3 + FSDP2 beside dp_replicate",
+        LoadInputs(zero3_enabled=True, sizes=ParallelSizes(fsdp=2, ep=2, dp_replicate=2)),
+        ["fsdp_size=2", "dp_replicate_size=2", "DistributedConfig(tp_size=E, ep_size=E"],
     ),
     (
         "ZeRO-3 + HSDP replicas",

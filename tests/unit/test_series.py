@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,25 +23,17 @@ from loadpolicy.upstream.stack import node_ids_in_source
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 
 
-def new_file_in_patch(patch: str, path: str) -> str:
-    """The content a `git format-patch` file creates at `path` (a new file: every hunk line starts with '+')."""
-    lines = patch.splitlines(keepends=True)
-    start = lines.index(f"+++ b/{path}\n")
-    content = []
-    for line in lines[start + 2 :]:  # skip the `@@ -0,0 +1,N @@` header
-        if not line.startswith("+"):
-            break
-        content.append(line[1:])
-    return "".join(content)
-
-
-def _carried_by_pr1() -> ModuleType:
-    """The policy module PR 1 adds (a new file in exactly one patch), executed on its own: it needs only stdlib."""
+def _carried_upstream(tmp_path: Path) -> ModuleType:
+    """The policy module as the upstream PRs leave it (PR 1 adds it, a later PR may edit it), executed on its own: it
+    needs only stdlib. Only the hunks for that file are applied, in series order, with `git apply --include`."""
     series = read_series(PATCHES)
     adders = [p for p in series.paths if f"--- /dev/null\n+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
     assert len(adders) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {adders}"
     assert series.names.index(adders[0].name) < series.pull_requests()[0][1], "PR 1 must add it"
-    source = new_file_in_patch(adders[0].read_text(encoding="utf-8"), TRANSFORMERS_MODULE)
+    upstream = series.paths[: series.pull_requests()[-1][1]]
+    touching = [p for p in upstream if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
+    subprocess.run(["git", "apply", f"--include={TRANSFORMERS_MODULE}", *map(str, touching)], cwd=tmp_path, check=True)
+    source = (tmp_path / TRANSFORMERS_MODULE).read_text(encoding="utf-8")
     module = ModuleType("carried_load_policy")
     sys.modules[module.__name__] = module  # dataclasses look their module up while building the classes
     exec(compile(source, TRANSFORMERS_MODULE, "exec"), module.__dict__)
@@ -61,9 +54,10 @@ def _outcome(module: Any, error: type[Exception], inputs: Any) -> tuple[str, dic
     return type(policy).__name__, {k: getattr(v, "value", v) for k, v in (decisions | fields).items()}
 
 
-def test_the_module_pr1_carries_decides_as_policy_py_for_every_input() -> None:
-    """PR 1 carries its own, smaller module in transformers' idiom; it must select and decide as `policy.py` does."""
-    carried = _carried_by_pr1()
+def test_the_module_the_upstream_stack_carries_decides_as_policy_py_for_every_input(tmp_path: Path) -> None:
+    """The upstream PRs carry their own, smaller module in transformers' idiom (PR 1 adds it, PR 7 admits token
+    dispatch); as the stack leaves it, it must select and decide as `policy.py` does."""
+    carried = _carried_upstream(tmp_path)
     compared = 0
     for zero3, quantized, outer in itertools.product((False, True), repeat=3):
         for tp, ep, fsdp, pp, dp in itertools.product((1, 2, 4), (1, 2, 4), (1, 2), (1, 2), (1, 2)):
@@ -144,7 +138,7 @@ def test_lint_finds_a_pull_request_after_the_fork_only_patches(series_copy: Path
     assert "series: `# PR 2: ZeRO-3 loading errors raised on every rank` comes after a fork-only group" in " ".join(
         problems
     )
-    assert any("numbered [1, 3, 4, 5, 6, 2]" in p for p in problems), problems
+    assert any("numbered [1, 3, 4, 5, 6, 7, 2]" in p for p in problems), problems
 
 
 def test_lint_finds_a_patch_outside_any_group(series_copy: Path) -> None:

@@ -23,7 +23,13 @@ from loadpolicy.shape import EPLayout, LaunchShape
             {"tp_size": 2, "ep_size": 2, "dp_replicate_size": 2},
             ParallelSizes(tp=2, ep=2, dp_replicate=2),
         ),
-        (LaunchShape(2, True, EPLayout.FSDP_EQUALS_EP), {"fsdp_size": 2, "ep_size": 2}, ParallelSizes(fsdp=2, ep=2)),
+        (LaunchShape(2, True, EPLayout.TOKEN_DISPATCH), {"fsdp_size": 2, "ep_size": 2}, ParallelSizes(fsdp=2, ep=2)),
+        (
+            LaunchShape.dispatching(4, 2, zero3=True),
+            {"fsdp_size": 4, "ep_size": 2},
+            ParallelSizes(fsdp=4, ep=2),
+        ),
+        (LaunchShape(2, True, EPLayout.FSDP_WITHOUT_EP), {"fsdp_size": 2}, ParallelSizes(fsdp=2)),
         (LaunchShape(2, True, EPLayout.DEPRECATED_FLAG), {"enable_expert_parallel": True}, ParallelSizes()),
     ],
 )
@@ -39,8 +45,15 @@ def test_the_selector_decides_the_policy_of_a_shape() -> None:
     assert LaunchShape(4, True).selected().name is PolicyName.ZERO3_INIT
     assert LaunchShape(4, False, EPLayout.TP_EQUALS_EP).selected().name is PolicyName.META_SHARD_ON_READ
     assert LaunchShape(4, True, EPLayout.TP_EQUALS_EP, group=2).selected().name is PolicyName.EP_META
+    assert LaunchShape.dispatching(4, 2, zero3=True).selected().name is PolicyName.EP_META
     with pytest.raises(LoadPolicyError, match="fsdp_size=2"):
-        LaunchShape(2, True, EPLayout.FSDP_EQUALS_EP).selected()
+        LaunchShape(2, True, EPLayout.FSDP_WITHOUT_EP).selected()
+
+
+def test_each_rank_trains_its_own_batch_only_with_token_dispatch() -> None:
+    assert LaunchShape.dispatching(4, 2, zero3=True).batches == 4
+    assert LaunchShape.experts_over(4, 2, zero3=True).batches == 2
+    assert LaunchShape.experts_over(4, 4, zero3=True).batches == 1
 
 
 @pytest.mark.parametrize(

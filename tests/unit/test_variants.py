@@ -153,8 +153,10 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
     # Under ZeRO-3 a device_map is refused unless EP's mesh bound it; without ZeRO-3 nothing changes.
     if load_inputs.zero3_enabled:
         assert policy.device_map in (DeviceMapRule.REFUSE, DeviceMapRule.ADMIT_MESH_BOUND)
-        assert load_inputs.sizes.fsdp == 1
-        assert load_inputs.sizes.dp_replicate == 1 or isinstance(policy, EPMeta)
+        # ZeRO-3 owns data parallelism: FSDP2's dimensions are admitted only as EP's, never both at once, never TP
+        sizes = load_inputs.sizes
+        assert sizes.fsdp == 1 or (isinstance(policy, EPMeta) and sizes.tp == 1 and sizes.dp_replicate == 1)
+        assert sizes.dp_replicate == 1 or (isinstance(policy, EPMeta) and sizes.fsdp == 1)
     else:
         assert policy.device_map is DeviceMapRule.PASS_THROUGH
     # The ZeRO-3 loader, its buffer skip and gathered init always travel together with zero.Init.

@@ -52,7 +52,7 @@ def _cases() -> tuple[FaultCase, ...]:
     return (
         FaultCase(
             "ZeRO-3 with fsdp_size > 1",
-            layout=EPLayout.FSDP_EQUALS_EP,
+            layout=EPLayout.FSDP_WITHOUT_EP,
             error="cannot be combined with FSDP2 data parallelism (fsdp_size=",
         ),
         FaultCase(

@@ -16,6 +16,7 @@ class Scenario(enum.StrEnum):
     DENSE_ZERO3 = "dense ZeRO-3"
     MOE_ZERO3 = "MoE ZeRO-3 (conversions)"
     EP_ZERO3 = "EP under ZeRO-3"
+    EP_ZERO3_DISPATCH = "EP under ZeRO-3, token dispatch"
     COMPOSITE_EP_ZERO3 = "composite EP under ZeRO-3"
     REFUSED_ZERO3_FSDP = "refused: ZeRO-3 + FSDP2"
     QUANTIZED_ZERO3 = "quantized ZeRO-3 (bnb 8-bit)"
@@ -47,12 +48,12 @@ class ScenarioSpec:
         return self.stock_error is not None
 
 
-def _ep_under_zero3(archs: tuple[str, ...]) -> ScenarioSpec:
+def _ep_under_zero3(archs: tuple[str, ...], layout: EPLayout = EPLayout.TP_EQUALS_EP) -> ScenarioSpec:
     """The bug: EPMeta on the patched tree, the ZeRO-3 `device_map` refusal on stock."""
     return ScenarioSpec(
         archs,
         zero3=True,
-        layout=EPLayout.TP_EQUALS_EP,
+        layout=layout,
         patched_policy=PolicyName.EP_META,
         stock_error=STOCK_DEVICE_MAP_ERROR,
     )
@@ -73,11 +74,13 @@ SCENARIOS: dict[Scenario, ScenarioSpec] = {
         MOE, zero3=True, layout=EPLayout.NONE, patched_policy=PolicyName.ZERO3_INIT, stock_error=None
     ),
     Scenario.EP_ZERO3: _ep_under_zero3(MOE),
+    # DistributedConfig(fsdp_size=world, ep_size=world): every rank its own batch, tokens dispatched by all-to-all
+    Scenario.EP_ZERO3_DISPATCH: _ep_under_zero3(MOE, EPLayout.TOKEN_DISPATCH),
     Scenario.COMPOSITE_EP_ZERO3: _ep_under_zero3(COMPOSITE),
     Scenario.REFUSED_ZERO3_FSDP: ScenarioSpec(
         ("qwen3_moe",),
         zero3=True,
-        layout=EPLayout.FSDP_EQUALS_EP,
+        layout=EPLayout.FSDP_WITHOUT_EP,
         patched_policy=None,
         stock_error=STOCK_DEVICE_MAP_ERROR,
         refusal="cannot be combined with FSDP2 data parallelism (fsdp_size=",
