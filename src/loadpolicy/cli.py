@@ -12,6 +12,7 @@ from pathlib import Path
 from loadpolicy import doctor
 from loadpolicy.bench import autoep as autoep_command
 from loadpolicy.bench import run as bench_command
+from loadpolicy.bench import throughput as throughput_command
 from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.harness.launch import ValidationFailedError
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate_command.add_parser(subparsers)
     bench_command.add_parser(subparsers)
     autoep_command.add_parser(subparsers)
+    throughput_command.add_parser(subparsers)
     mutants_command.add_parser(subparsers)
     plan_command.add_parser(subparsers)
     return parser

@@ -28,3 +28,27 @@ class LoadMeasurement(TypedDict):
     read_bytes_loading: int
     rchar: int
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
+
+
+class StepTimes(TypedDict):
+    """Seconds of one training step on one rank (every rank starts it together)."""
+
+    forward: float
+    backward: float
+    optimizer: float
+    total: float
+
+
+class ThroughputRank(TypedDict):
+    """One rank of the training-throughput benchmark (`throughput_worker`)."""
+
+    rank: int
+    way: str
+    policy: str | None  # stock transformers has no `_load_policy`
+    tokens_per_step: int  # tokens of this rank's micro-batch
+    distinct_batches: int  # distinct micro-batches the world trains per step (ranks of a tp = ep group share one)
+    losses: list[float]  # every step, warm-up included
+    steps: list[StepTimes]  # the measured steps (after warm-up)
+    collectives: dict[str, float]  # seconds of one profiled step in each kind of collective
+    peak_training_bytes: int  # VmHWM over the training steps
+    threads: int

@@ -68,6 +68,9 @@ class ParityCase:
     # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
     optimizer: str = "adamw"
     dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
+    # DistributedConfig(fsdp_size=ranks, ep_size=ranks // dp): every rank its own micro-batch, tokens sent to their
+    # experts by all-to-all (without it, tp_size = ep_size and the ranks of an EP group share a micro-batch)
+    dispatch: bool = False
     # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
     export: bool = False
     # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
@@ -79,13 +82,17 @@ class ParityCase:
 
     @property
     def shape(self) -> LaunchShape:
-        """EP under ZeRO-3, `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`."""
+        """EP under ZeRO-3: `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`, or with token
+        dispatch `DistributedConfig(fsdp_size=ranks, ep_size=ep)`."""
+        if self.dispatch:
+            return LaunchShape.dispatching(self.ranks, self.ranks // self.dp, zero3=True)
         return LaunchShape.experts_over(self.ranks, self.ranks // self.dp, zero3=True)
 
     @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
+        extra += " | token dispatch (every rank its own batch)" if self.dispatch else ""
         extra += " | save_pretrained -> reload" if self.export else ""
         extra += " | resume after 2 of 4 steps" if self.resume else ""
         return (

@@ -34,9 +34,11 @@ MICRO_BATCH = 2
 
 
 def replicas(spec: dict[str, Any]) -> int:
-    """Data-parallel replicas of the EP group (world = dp x ep), as the distributed config the ranks load with says."""
-    dp: int = spec["distributed"].get("dp_replicate_size", 1)
-    return dp
+    """Distinct micro-batches per step, as the distributed config the ranks load with says: one per data-parallel
+    replica of a tp = ep group (`dp_replicate_size`), one per rank with token dispatch (`fsdp_size`)."""
+    sizes = spec["distributed"]
+    batches: int = sizes.get("dp_replicate_size", 1) * sizes.get("fsdp_size", 1)
+    return batches
 
 
 def fixed_batches(spec: dict[str, Any], steps: int) -> list[Any]:
@@ -46,7 +48,8 @@ def fixed_batches(spec: dict[str, Any], steps: int) -> list[Any]:
 
 
 def replica_batch(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
-    """This rank's micro-batch: the ranks of one EP group (one replica) share it."""
+    """This rank's micro-batch: the ranks of one tp = ep group (one replica) share it; with token dispatch every rank
+    has its own."""
     replica = rank // (world // replicas(spec))
     return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
 

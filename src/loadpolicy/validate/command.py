@@ -22,6 +22,17 @@ from loadpolicy.validate.report import (
 )
 
 
+TOKEN_DISPATCH = (
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True, dispatch=True),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, dp=2, dispatch=True),
+    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.ACCELERATE, dp=2, dispatch=True),
+    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, dispatch=True, resume=True),
+)
 # Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
 # the stock tree once per way and architecture, to show how it fails.
 PARITY_FULL = (
@@ -51,6 +62,9 @@ PARITY_FULL = (
     # Trainer.train(resume_from_checkpoint=...) in a new launch, at ep 2 and at dp 2 x ep 2
     ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, resume=True),
     ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, resume=True),
+    # token dispatch: every rank its own micro-batch, tokens sent to their experts by all-to-all, ZeRO-3 owning the
+    # fsdp ranks; W = 2 and 4 with ep = W, and W = 4 with ep = 2 (2 ranks hold each expert: efsdp = 2)
+    *TOKEN_DISPATCH,
 )
 # Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
 # training that saves has one export case here.
@@ -61,6 +75,8 @@ PARITY_FAST = (
     ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True, resume=True),
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, export=True),
+    # token dispatch at ep 2 over 4 ranks (efsdp 2), SGD so that a wrong gradient scale shows, saved and reloaded
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
 )
 
 

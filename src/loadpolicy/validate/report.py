@@ -55,6 +55,7 @@ def _parity_row(p: ParityOutcome) -> tuple[str, ...]:
     c = p.case
     extra = ", frozen + save/reload" if c.checkpoint else ""
     extra += f", dp {c.dp} x ep {c.ranks // c.dp}" if c.dp > 1 else ""
+    extra += ", token dispatch" if c.dispatch else ""
     return (
         str(c.tree),
         c.arch,

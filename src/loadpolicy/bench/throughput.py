@@ -1,0 +1,259 @@
+"""`loadpolicy throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3 (issue 17).
+
+Four ways on the same checkpoint, world and ep (`throughput_worker`): EPMeta with token dispatch, EPMeta as 5.23.0
+spells EP (tp = ep, a shared batch per EP group), DeepSpeed AutoEP, and plain ZeRO-3 without EP. Per way: tokens/s per
+rank over the measured steps (distinct tokens the world trained, over the world and the step time of the slowest
+rank), where a step's time goes, seconds in each collective of one profiled step, and the peak RSS while training.
+
+Judged: every way completes on its tree with its policy, and the ways that train the same data (dispatch, AutoEP,
+ZeRO-3) start from the same loss: the first step's loss, averaged over the ranks, equals plain ZeRO-3's on the stock
+tree (an independent reference) within `LOSS_BOUND` relative, NaN failing. Speed goals are read off the table, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from loadpolicy.bench.models import FULL, SMOKE, BenchModel
+from loadpolicy.bench.models import build as build_model
+from loadpolicy.bench.results import ThroughputRank
+from loadpolicy.harness.launch import (
+    Launcher,
+    Tree,
+    ValidationFailedError,
+    add_launch_arguments,
+    launch_command,
+    run_bounded,
+    stages,
+    tree_env,
+)
+from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+
+
+# way -> (tree, policy every rank must report: None on stock, which has none)
+WAYS: dict[str, tuple[Tree, str | None]] = {
+    "dispatch": (Tree.PATCHED, "EPMeta"),
+    "tp_ep": (Tree.PATCHED, "EPMeta"),
+    "autoep": (Tree.STOCK, None),
+    "zero3": (Tree.STOCK, None),
+}
+SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
+LOSS_BOUND = 1e-4
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    way: str
+    ranks: int
+    ep: int
+    seconds: float  # the whole launch
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+    tokens_per_s_per_rank: float | None = None
+    step_s: float | None = None  # median over measured steps of the slowest rank's step
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    collectives_s: dict[str, float] = field(default_factory=dict)  # slowest rank, one profiled step
+    peak_training_gib: list[float] = field(default_factory=list)  # per rank
+    first_loss: float | None = None  # mean over ranks
+
+
+def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float) -> list[ThroughputRank] | str:
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("rank*.*"):
+        stale.unlink()
+    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    worker = ["-m", "loadpolicy.bench.throughput_worker", str(out / "spec.json"), str(out)]
+    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), tree_env(tree), out / "log", timeout)
+    raws = [read_raw(out / f"rank{rank}.json") for rank in range(ranks)]
+    src = tree.resolve() / "src"
+    wrong = [
+        r for r, raw in enumerate(raws) if "error" not in raw and not Path(transformers_file(raw)).is_relative_to(src)
+    ]
+    if wrong:
+        return f"ranks {wrong} imported transformers from outside {src}"
+    parsed = [parse(raw, ThroughputRank) for raw in raws]
+    failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
+    if code is None:
+        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
+    if failed:
+        rank, failure = failed[0]
+        return f"rank {rank} failed at {failure.stage or 'its result'!r}: {failure.error[:300]}; {stages(out, ranks)}"
+    return [r for r in parsed if not isinstance(r, RankFailure)]
+
+
+def _row(way: str, ranks: int, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
+    expected = WAYS[way][1]
+    problems = [
+        f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
+    ]
+    measured = len(results[0]["steps"])
+    slowest = [max(range(len(results)), key=lambda k: results[k]["steps"][s]["total"]) for s in range(measured)]
+    step_s = statistics.median(results[k]["steps"][s]["total"] for s, k in enumerate(slowest))
+
+    def part(name: Literal["forward", "backward", "optimizer"]) -> float:
+        return statistics.median(results[k]["steps"][s][name] for s, k in enumerate(slowest))
+
+    distinct_tokens = results[0]["distinct_batches"] * results[0]["tokens_per_step"]
+    kinds = sorted({kind for r in results for kind in r["collectives"]})
+    return Row(
+        way=way,
+        ranks=ranks,
+        ep=ep,
+        seconds=seconds,
+        problems=problems,
+        tokens_per_s_per_rank=distinct_tokens / ranks / step_s,
+        step_s=step_s,
+        forward_s=part("forward"),
+        backward_s=part("backward"),
+        optimizer_s=part("optimizer"),
+        collectives_s={kind: max(r["collectives"].get(kind, 0.0) for r in results) for kind in kinds},
+        peak_training_gib=[round(r["peak_training_bytes"] / GIB, 2) for r in results],
+        first_loss=statistics.fmean(r["losses"][0] for r in results),
+    )
+
+
+def judge(rows: list[Row]) -> list[str]:
+    """Every way completed with its policy; the ways that train the same data start from plain ZeRO-3's loss."""
+    problems = [f"{r.way}: {r.error}" for r in rows if r.error] + [f"{r.way}: {p}" for r in rows for p in r.problems]
+    reference = next((r.first_loss for r in rows if r.way == "zero3" and not r.error), None)
+    for row in rows:
+        if row.way not in SAME_DATA or row.error:
+            continue
+        if reference is None or row.first_loss is None:
+            problems.append(f"{row.way}: no first loss to compare with plain ZeRO-3's")
+            continue
+        relative = abs(row.first_loss - reference) / abs(reference)
+        if not (relative <= LOSS_BOUND):
+            problems.append(f"{row.way}: first loss {row.first_loss} vs plain ZeRO-3's {reference} ({relative:.1e})")
+    return problems
+
+
+def throughput(
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    model: BenchModel,
+    ranks: int,
+    eps: tuple[int, ...],
+    steps: int,
+    sequence: int,
+    timeout: float,
+) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    checkpoint = build_model(model, out.resolve() / "checkpoints")
+    config = model.transformers_config()
+    rows = []
+    for ep in eps:
+        for way, (tree, _) in WAYS.items():
+            if way == "zero3" and ep != eps[0]:
+                continue  # no EP: one run serves every ep
+            spec = {
+                "way": way,
+                "ep": ep,
+                "checkpoint": str(checkpoint),
+                "model_class": model.model_class,
+                "model_type": config.model_type,
+                "vocab_size": config.vocab_size,
+                "micro_batch": 1,
+                "sequence": sequence,
+                "warmup": 1,
+                "steps": steps,
+            }
+            start = time.monotonic()
+            result = _launch(spec, trees[tree], out / "runs" / f"{way}-ep{ep}", ranks, timeout)
+            seconds = time.monotonic() - start
+            row = (
+                Row(way, ranks, ep, seconds, error=result)
+                if isinstance(result, str)
+                else _row(way, ranks, ep, seconds, result)
+            )
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _line(r: Row) -> str:
+    if r.error:
+        return f"{r.way:<9} x{r.ranks} ep {r.ep}: FAILED {r.error}"
+    return (
+        f"{r.way:<9} x{r.ranks} ep {r.ep}: {r.tokens_per_s_per_rank:8.1f} tokens/s/rank, step {r.step_s:.2f}s "
+        f"(fwd {r.forward_s:.2f} bwd {r.backward_s:.2f} opt {r.optimizer_s:.2f}), first loss {r.first_loss:.5f}"
+    )
+
+
+def render_markdown(rows: list[Row], command: str, model: str, sequence: int) -> str:
+    lines = [
+        f"`{command}`: {model}, float32, micro-batch 1 x {sequence} tokens per rank, gloo on CPU (OMP_NUM_THREADS=1).",
+        "",
+        "| way | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward | optimizer "
+        "| collectives in one step, s | peak RSS training, GiB (per rank) | first loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.way} | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
+            continue
+        base = next((b.tokens_per_s_per_rank for b in rows if b.way == "tp_ep" and b.ep == r.ep and not b.error), None)
+        mine = r.tokens_per_s_per_rank
+        ratio = f"{mine / base:.2f}x" if base and mine is not None else "-"
+        collectives = ", ".join(f"{k} {v:.2f}" for k, v in r.collectives_s.items() if v >= 0.005) or "-"
+        lines.append(
+            f"| {r.way} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} | {r.tokens_per_s_per_rank:.1f} | {ratio} "
+            f"| {r.step_s:.2f} | {r.forward_s:.2f} | {r.backward_s:.2f} | {r.optimizer_s:.2f} | {collectives} "
+            f"| {' / '.join(f'{g:.2f}' for g in r.peak_training_gib)} | {r.first_loss:.5f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "throughput", help="training tokens/s per rank: token dispatch vs tp = ep vs DeepSpeed AutoEP vs plain ZeRO-3"
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/throughput"), help="work and report directory")
+    parser.add_argument("--smoke", action="store_true", help="the CI size: a tiny MoE at 2 ranks, ep 2")
+    parser.add_argument("--ranks", type=int, default=4, help="world size (default 4)")
+    parser.add_argument("--ep", type=int, action="append", help="expert-parallel size (repeatable; default 4 and 2)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up step (default 3)")
+    parser.add_argument("--sequence", type=int, default=512, help="tokens per micro-batch (default 512)")
+    add_launch_arguments(parser, timeout=900.0)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    model = SMOKE[0] if args.smoke else FULL[0]
+    ranks = 2 if args.smoke else args.ranks
+    eps = (2,) if args.smoke else tuple(args.ep or (ranks, 2))
+    sequence = 64 if args.smoke else args.sequence
+    started = time.monotonic()
+    rows = throughput(
+        args.out,
+        args.patches,
+        args.cache,
+        model=model,
+        ranks=ranks,
+        eps=eps,
+        steps=args.steps,
+        sequence=sequence,
+        timeout=args.timeout,
+    )
+    command = "loadpolicy throughput" + (" --smoke" if args.smoke else "")
+    (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    (args.out / "throughput.md").write_text(render_markdown(rows, command, model.name, sequence), encoding="utf-8")
+    print(render_markdown(rows, command, model.name, sequence))
+    problems = judge(rows)
+    if problems:
+        raise ValidationFailedError("; ".join(problems))
+    return f"{len(rows)} runs in {time.monotonic() - started:.0f}s: {args.out / 'throughput.md'}"

@@ -1,0 +1,177 @@
+"""One rank of the training-throughput benchmark: load one way, `deepspeed.initialize`, train, time every step.
+
+`python -m loadpolicy.bench.throughput_worker SPEC OUT` under torchrun. SPEC["way"] is how the MoE model is trained:
+
+- `dispatch`: EPMeta with token dispatch, `DistributedConfig(fsdp_size=W, ep_size=E)` (patched tree): every rank its
+  own batch, tokens sent to their experts by all-to-all;
+- `tp_ep`: EPMeta as 5.23.0 spells EP, `DistributedConfig(tp_size=E, ep_size=E[, dp_replicate_size=W/E])` (patched
+  tree): the E ranks of a group share a batch, experts combined by all-reduce;
+- `autoep`: DeepSpeed AutoEP (stock tree, loaded through `zero.Init`, experts swapped in `deepspeed.initialize`);
+- `zero3`: plain ZeRO-3 without EP (stock tree): every rank its own batch, every expert gathered where it runs.
+
+Every way trains the same global batches: `batches` distinct micro-batches per step (one per rank, or one per EP group
+for `tp_ep`), drawn from one seeded generator. Writes OUT/rank<R>.json (`results.ThroughputRank`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from loadpolicy.bench.autoep_worker import apply_output_capture_registry_shim
+from loadpolicy.bench.results import StepTimes, ThroughputRank
+from loadpolicy.harness.procfs import memory_status
+from loadpolicy.harness.rank import Rank, run_rank
+
+
+# Profiler event names of the collectives, by what they move (gloo on CPU; nccl's kernels carry the same words).
+COLLECTIVES = {
+    "all-to-all (token dispatch)": ("all_to_all", "alltoall"),
+    "all-gather (ZeRO-3 parameters)": ("all_gather", "allgather", "_allgather_base"),
+    "reduce-scatter (ZeRO-3 gradients)": ("reduce_scatter", "reducescatter"),
+    "all-reduce": ("all_reduce", "allreduce"),
+    "broadcast": ("broadcast",),
+}
+
+
+def ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": spec["micro_batch"],
+        "train_batch_size": spec["micro_batch"] * world,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10_000,
+    }
+    if spec["way"] == "autoep":
+        config["expert_parallel"] = {
+            "enabled": True,
+            "autoep_size": spec["ep"],
+            "preset_model": spec["model_type"],
+            "use_grouped_mm": False,  # CPU: the per-expert loop is the path that runs in plain PyTorch
+        }
+    return config
+
+
+def distributed_config(spec: dict[str, Any], world: int) -> dict[str, int] | None:
+    ep = spec["ep"]
+    match spec["way"]:
+        case "dispatch":
+            return {"fsdp_size": world, "ep_size": ep}
+        case "tp_ep":
+            return {"tp_size": ep, "ep_size": ep} | ({"dp_replicate_size": world // ep} if world > ep else {})
+        case "autoep" | "zero3":
+            return None
+        case way:
+            raise ValueError(f"unknown way {way!r}; accepted: dispatch, tp_ep, autoep, zero3")
+
+
+def batch_index(spec: dict[str, Any], rank: int, world: int) -> int:
+    """Which of a step's distinct micro-batches this rank trains: its EP group's with `tp_ep`, its own otherwise."""
+    return rank // spec["ep"] if spec["way"] == "tp_ep" else rank
+
+
+def distinct_batches(spec: dict[str, Any], world: int) -> int:
+    return world // spec["ep"] if spec["way"] == "tp_ep" else world
+
+
+def step_batches(spec: dict[str, Any], world: int, step: int) -> Any:
+    generator = torch.Generator().manual_seed(1000 + step)
+    shape = (distinct_batches(spec, world), spec["micro_batch"], spec["sequence"])
+    return torch.randint(0, spec["vocab_size"], shape, generator=generator)
+
+
+def _load(spec: dict[str, Any], world: int) -> Any:
+    from transformers import DistributedConfig  # noqa: PLC0415
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if (sizes := distributed_config(spec, world)) is not None:
+        kwargs["distributed_config"] = DistributedConfig(**sizes)
+    model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
+    model.train()
+    return model
+
+
+def _collective_seconds(profile: Any) -> dict[str, float]:
+    """Seconds of one profiled step spent in each kind of collective (CPU time of the events, self and children)."""
+    seconds: dict[str, float] = defaultdict(float)
+    for event in profile.key_averages():
+        name = event.key.lower()
+        for kind, needles in COLLECTIVES.items():
+            if any(needle in name for needle in needles) and "wait" not in name:
+                seconds[kind] += event.self_cpu_time_total / 1e6
+                break
+    return dict(seconds)
+
+
+def _step(engine: Any, ids: Any) -> tuple[float, StepTimes]:
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    loss = engine(input_ids=ids, labels=ids).loss
+    forward = time.perf_counter()
+    engine.backward(loss)
+    backward = time.perf_counter()
+    engine.step()
+    end = time.perf_counter()
+    times: StepTimes = {
+        "forward": forward - start,
+        "backward": backward - forward,
+        "optimizer": end - backward,
+        "total": end - start,
+    }
+    return float(loss.item()), times
+
+
+def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
+    import deepspeed  # noqa: PLC0415
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    rank, world = this.rank, this.world_size
+    this.facts["transformers_file"] = transformers.__file__
+    this.stage("init_distributed")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    config = ds_config(spec, world)
+    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference; before from_pretrained
+    this.stage("from_pretrained")
+    model = _load(spec, world)
+    policy = getattr(model, "_load_policy", None)
+    if spec["way"] == "autoep":
+        apply_output_capture_registry_shim()
+    this.stage("deepspeed.initialize")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    mine = batch_index(spec, rank, world)
+    losses, steps = [], []
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM: the peak while training
+    for step in range(spec["warmup"] + spec["steps"]):
+        this.stage(f"step {step}")
+        loss, times = _step(engine, step_batches(spec, world, step)[mine])
+        losses.append(loss)
+        if step >= spec["warmup"]:
+            steps.append(times)
+    peak = memory_status()["VmHWM"]
+    this.stage("profiled step")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        _step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine])
+    return {
+        "rank": rank,
+        "way": spec["way"],
+        "policy": None if policy is None else type(policy).__name__,
+        "tokens_per_step": spec["micro_batch"] * spec["sequence"],
+        "distinct_batches": distinct_batches(spec, world),
+        "losses": losses,
+        "steps": steps,
+        "collectives": _collective_seconds(profile),
+        "peak_training_bytes": peak,
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
+    }
+
+
+if __name__ == "__main__":
+    run_rank(_train)

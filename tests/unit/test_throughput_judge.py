@@ -1,0 +1,73 @@
+"""The training-throughput judge and its figures, on synthetic rank results (real runs: `tox -e throughput`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loadpolicy.bench.results import ThroughputRank
+from loadpolicy.bench.throughput import Row, _row, judge
+
+
+def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:
+    times = {"forward": step / 4, "backward": step / 2, "optimizer": step / 4, "total": step}
+    return {
+        "rank": r,
+        "way": way,
+        "policy": policy,
+        "tokens_per_step": 64,
+        "distinct_batches": batches,
+        "losses": [loss, loss - 0.1],
+        "steps": [times, times],  # type: ignore[list-item]
+        "collectives": {"all-to-all (token dispatch)": 0.01},
+        "peak_training_bytes": 2**30,
+        "threads": 1,
+    }
+
+
+def rows(**changes: Any) -> list[Row]:
+    made = []
+    for way, policy, batches in (
+        ("dispatch", "EPMeta", 2),
+        ("tp_ep", "EPMeta", 1),
+        ("autoep", None, 2),
+        ("zero3", None, 2),
+    ):
+        results = [rank(way, r, policy=policy, loss=5.0 + 0.01 * r, step=2.0, batches=batches) for r in range(2)]
+        for r in results:
+            r.update(changes.get(way, {}))  # type: ignore[typeddict-item]
+        made.append(_row(way, 2, 2, 10.0, results))
+    return made
+
+
+def test_the_same_data_from_the_same_weights_gives_the_same_first_loss() -> None:
+    assert judge(rows()) == []
+
+
+def test_tokens_per_second_counts_the_distinct_tokens_the_world_trained() -> None:
+    by_way = {r.way: r for r in rows()}
+    assert by_way["dispatch"].tokens_per_s_per_rank == pytest.approx(64 / 2.0)
+    # the two ranks of a tp = ep group train one micro-batch between them
+    assert by_way["tp_ep"].tokens_per_s_per_rank == pytest.approx(64 / 2 / 2.0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"dispatch": {"losses": [float("nan"), 1.0]}}, "dispatch: first loss nan"),
+        ({"autoep": {"losses": [5.1, 5.0]}}, "autoep: first loss"),
+        ({"dispatch": {"policy": "MetaShardOnRead"}}, "dispatch: rank 0 selected MetaShardOnRead, expected EPMeta"),
+        ({"zero3": {"policy": "EPMeta"}}, "zero3: rank 0 selected EPMeta, expected None"),
+    ],
+)
+def test_the_judge_names_what_is_wrong(changes: dict[str, Any], needle: str) -> None:
+    problems = judge(rows(**changes))
+    assert any(needle in p for p in problems), problems
+
+
+def test_a_failed_way_or_a_missing_reference_fails() -> None:
+    broken = [r for r in rows() if r.way != "zero3"] + [Row("zero3", 2, 2, 1.0, error="rank 1 failed")]
+    problems = judge(broken)
+    assert "zero3: rank 1 failed" in problems
+    assert "dispatch: no first loss to compare with plain ZeRO-3's" in problems
