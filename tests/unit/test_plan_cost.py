@@ -209,3 +209,11 @@ def test_projection_uses_the_launch_shapes_users_run() -> None:
     assert zero3[8].read_gib == zero3[2].read_gib  # rank 0 reads the whole checkpoint at any scale
     ep_meta = {r.ranks: r for r in rows if r.policy == "EPMeta (ep = R)"}
     assert ep_meta[8].read_gib < ep_meta[2].read_gib
+
+
+def test_token_dispatch_loads_as_the_shape_that_shares_batches() -> None:
+    """Token dispatch changes what each rank trains, not what it loads: the same policy, the same figures per rank."""
+    dispatch = Launch(LaunchShape.dispatching(8, 4, zero3=True), device=Device.GPU)
+    shared = Launch(LaunchShape.experts_over(8, 4, zero3=True), device=Device.GPU)
+    assert (dispatch.policy, dispatch.ep, dispatch.tp, dispatch.dp) == (PolicyName.EP_META, 4, 1, 2)
+    assert predict(dispatch, INVENTORY).ranks == predict(shared, INVENTORY).ranks

@@ -55,9 +55,13 @@ def render_plan(plan: Plan, baseline: int = 0) -> str:
 
 def launch_shape(args: argparse.Namespace) -> LaunchShape:
     """The launch the arguments describe: `--ep E` is `DistributedConfig(tp_size=E, ep_size=E)` on each of
-    `ranks / E` data-parallel replicas; asking for Zero3Init or EPMeta implies a ZeRO-3 config."""
+    `ranks / E` data-parallel replicas, or with `--dispatch` `DistributedConfig(fsdp_size=ranks, ep_size=E)` (token
+    dispatch: the same loading, every rank its own batch); asking for Zero3Init or EPMeta implies a ZeRO-3 config."""
     requested = parse_policy_name(args.policy) if args.policy else None
     zero3 = args.zero3 or requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META)
+    if args.dispatch and args.ep > 1:
+        shape = LaunchShape.dispatching(args.ranks, args.ep, zero3=zero3)
+        return LaunchShape(shape.ranks, zero3, shape.layout, group=shape.group, requested=requested)
     return LaunchShape.experts_over(args.ranks, args.ep, zero3=zero3, requested=requested)
 
 
@@ -111,6 +115,9 @@ def add_parser(subparsers: Any) -> None:
     )
     launch.add_argument("--ranks", type=int, required=True)
     launch.add_argument("--ep", type=int, default=1, help="DistributedConfig(tp_size=EP, ep_size=EP) per replica")
+    launch.add_argument(
+        "--dispatch", action="store_true", help="token dispatch: DistributedConfig(fsdp_size=RANKS, ep_size=EP)"
+    )
     launch.add_argument(
         "--zero3", action="store_true", help="a ZeRO-3 config is active (implied by Zero3Init, EPMeta)"
     )

@@ -104,6 +104,10 @@ SGD = Check(
     "parity: qwen3_moe, DeepSpeed SGD x2",
     parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
 )
+DISPATCH = Check(
+    "parity: qwen3_moe, DeepSpeed SGD x2, token dispatch",
+    parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True),
+)
 EXPORT = Check(
     "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
     parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
@@ -213,6 +217,24 @@ MUTATIONS = (
         "param.register_hook(lambda grad: grad * gradient_scale)",
         "param.register_hook(lambda grad: grad)",
         SGD,
+    ),
+    Mutation(
+        "token-dispatch-refused",
+        "ZeRO-3 owns the fsdp ranks of token dispatch (DistributedConfig(fsdp_size=W, ep_size=E))",
+        Target.TREE,
+        "integrations/load_policy.py",
+        "token_dispatch = sizes.expert_parallel and sizes.tp == 1 and sizes.dp_replicate == 1",
+        "token_dispatch = False",
+        DISPATCH,
+    ),
+    Mutation(
+        "expert-gradient-scaled-by-ep",
+        "no expert gradient scale where every rank has its own batch (the scale is tp_size, not ep_size)",
+        Target.TREE,
+        "integrations/deepspeed.py",
+        "gradient_scale = model._tp_size",
+        "gradient_scale = ep_size",
+        DISPATCH,
     ),
     Mutation(
         "save-keeps-shards",
