@@ -50,5 +50,6 @@ class ThroughputRank(TypedDict):
     losses: list[float]  # every step, warm-up included
     steps: list[StepTimes]  # the measured steps (after warm-up)
     collectives: dict[str, float]  # seconds of one profiled step in each kind of collective
+    profile_top: dict[str, float]  # the operators of that step that took the most CPU time themselves, seconds
     peak_training_bytes: int  # VmHWM over the training steps
     threads: int

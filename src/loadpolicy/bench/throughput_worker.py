@@ -30,11 +30,13 @@ from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
 
-# Profiler event names of the collectives, by what they move (gloo on CPU; nccl's kernels carry the same words).
+# Profiler event names of the collectives (c10d ops, and the waits of functional collectives, which transformers'
+# all-to-all and DTensor redistributions use), first match wins. CPU time: on gloo the op and its wait.
 COLLECTIVES = {
-    "all-to-all (token dispatch)": ("all_to_all", "alltoall"),
-    "all-gather (ZeRO-3 parameters)": ("all_gather", "allgather", "_allgather_base"),
-    "reduce-scatter (ZeRO-3 gradients)": ("reduce_scatter", "reducescatter"),
+    "functional-collective waits": ("wait_tensor",),
+    "all-to-all": ("all_to_all", "alltoall"),
+    "all-gather": ("all_gather", "allgather"),
+    "reduce-scatter": ("reduce_scatter", "reducescatter"),
     "all-reduce": ("all_reduce", "allreduce"),
     "broadcast": ("broadcast",),
 }
@@ -99,15 +101,21 @@ def _load(spec: dict[str, Any], world: int) -> Any:
 
 
 def _collective_seconds(profile: Any) -> dict[str, float]:
-    """Seconds of one profiled step spent in each kind of collective (CPU time of the events, self and children)."""
+    """Seconds of one profiled step spent in each kind of collective (the events' own CPU time)."""
     seconds: dict[str, float] = defaultdict(float)
     for event in profile.key_averages():
         name = event.key.lower()
         for kind, needles in COLLECTIVES.items():
-            if any(needle in name for needle in needles) and "wait" not in name:
+            if any(needle in name for needle in needles):
                 seconds[kind] += event.self_cpu_time_total / 1e6
                 break
     return dict(seconds)
+
+
+def _top_events(profile: Any, count: int = 12) -> dict[str, float]:
+    """The operators of one profiled step that took the most CPU time themselves, in seconds."""
+    events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
+    return {event.key: event.self_cpu_time_total / 1e6 for event in events}
 
 
 def _step(engine: Any, ids: Any) -> tuple[float, StepTimes]:
@@ -168,6 +176,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
         "losses": losses,
         "steps": steps,
         "collectives": _collective_seconds(profile),
+        "profile_top": _top_events(profile),
         "peak_training_bytes": peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
     }
