@@ -33,6 +33,7 @@ def rank_result(rank: int, ranks: int = 2) -> dict[str, Any]:
     return {
         "policy": "EPMeta",
         "experts": [EXPERT],
+        "expert_group_ranks": [[rank]],  # ep = world: no other rank holds this rank's experts
         "unchanged": {EXPERT: True},
         "losses": list(reference["losses"]),
         "weights": weights,
@@ -219,6 +220,28 @@ def test_resume_names_what_differs(change: Any, needle: str) -> None:
     assert any(needle in problem for problem in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("groups", "needle"),
+    [
+        ([[0, 1]], "partitioned over ranks [[0, 1]], expected [1]"),  # across the EP group: the #45548 bug
+        ([[1], [0, 1]], "expected [1]"),  # shards of one rank in two groups
+        ([], "expected [1]"),  # no group recorded
+    ],
+)
+def test_parity_fails_expert_shards_outside_their_efsdp_group(groups: list[list[int]], needle: str) -> None:
+    broken = rank_result(1) | {"expert_group_ranks": groups}
+    problems, _, _ = compare_training(single(), [rank_result(0), broken])
+    assert any(needle in p for p in problems), problems
+
+
+def test_the_efsdp_group_is_strided_over_ep_groups() -> None:
+    from loadpolicy.parity.judges import expert_group_problems
+
+    # world 4 = 2 EP groups of 2 consecutive ranks: rank 1 shares its experts with rank 3
+    assert expert_group_problems(1, [[1, 3]], ep=2, world=4) == []
+    assert expert_group_problems(1, [[0, 1]], ep=2, world=4) != []
+
+
 def test_resume_names_a_resumed_rank_that_failed() -> None:
     full = [rank_result(rank) | {"losses": [4.0, 3.5, 3.0, 2.5]} for rank in range(2)]
     resumed: list[Any] = [rank_result(0) | {"losses": [3.0, 2.5]}, RankFailure("RuntimeError: no checkpoint")]
@@ -230,6 +253,7 @@ def test_a_result_missing_a_required_field_is_a_failure_naming_it(contract: Any,
     """Before the contract a judge read such a result with `[...]` and the whole validation died on a KeyError (or,
     with `.get`, a missing record read as empty)."""
     complete = {"policy": "EPMeta", "experts": [], "unchanged": {}, "losses": [], "weights": {}, "loading_info": {}}
+    complete |= {"expert_group_ranks": []}
     complete |= {"keys_on_disk": [], "keys_in_checkpoint": []}
     raw = {k: v for k, v in complete.items() if k in vars(contract)["__required_keys__"]}
     assert parse(raw, contract) is raw

@@ -38,6 +38,7 @@ def compare_training(single: SingleRun, results: list[TrainedRank], dp: int = 1)
     ep = len(results) // dp
     for rank, result in enumerate(results):
         problems += handover_problems(rank, result["policy"], result["experts"], result["unchanged"])
+        problems += expert_group_problems(rank, result["expert_group_ranks"], ep, len(results))
         if len(result["losses"]) != len(reference_losses):
             problems.append(f"rank {rank}: {len(result['losses'])} steps, expected {len(reference_losses)}")
             return problems, loss_rel, weight_rel
@@ -88,6 +89,16 @@ def handover_problems(rank: int, policy: str, experts: list[str], unchanged: dic
     if changed or len(unchanged) != len(experts):
         problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
     return problems
+
+
+def expert_group_problems(rank: int, groups: list[list[int]], ep: int, world: int) -> list[str]:
+    """DeepSpeed must partition a rank's expert shards over the ranks that hold the same experts: the mesh's efsdp
+    group, every rank with the same index within its EP group of `ep` consecutive ranks (computed here from the launch,
+    not read from DeepSpeed or transformers)."""
+    expected = [r for r in range(world) if r % ep == rank % ep]
+    if groups != [expected]:
+        return [f"rank {rank}: expert shards partitioned over ranks {groups}, expected {expected} (efsdp group)"]
+    return []
 
 
 def checkpoint_problems(results: list[TrainedRank]) -> list[str]:

@@ -44,6 +44,8 @@ class TrainedRank(TypedDict):
     policy: str
     # the parameters the load handed to DeepSpeed's expert groups, and whether each survived the wrap bit for bit
     experts: list[str]
+    # the ranks DeepSpeed partitions those shards over, one list per distinct group (exactly one is right)
+    expert_group_ranks: list[list[int]]
     unchanged: dict[str, bool]
     losses: list[float]
     # gathered after training; expert tensors are this rank's shard

@@ -126,10 +126,17 @@ def gathered_weights(module: Any) -> dict[str, Any]:
 def loaded_state(model: Any) -> dict[str, Any]:
     """What the load handed over, recorded before DeepSpeed sees the model."""
     experts = _experts(model)
+    groups = {
+        tuple(torch.distributed.get_process_group_ranks(p.ds_zero_partition_process_group))
+        for n, p in model.named_parameters()
+        if n in experts
+    }
     return {
         "policy": type(model._load_policy).__name__,
         "experts": experts,
         "before": {n: p.detach().clone() for n, p in model.named_parameters() if n in experts},
+        # the ranks DeepSpeed partitions this rank's expert shards over (one group for all of them, or a problem)
+        "expert_group_ranks": [list(g) for g in sorted(groups)],
     }
 
 
@@ -355,6 +362,7 @@ def _trained(
     return {
         "policy": loaded["policy"],
         "experts": loaded["experts"],
+        "expert_group_ranks": loaded["expert_group_ranks"],
         "unchanged": unchanged,
         "losses": losses,
         "weights": weights,

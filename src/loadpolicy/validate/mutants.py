@@ -237,6 +237,15 @@ MUTATIONS = (
         DISPATCH,
     ),
     Mutation(
+        "experts-partitioned-over-ep-group",
+        "DeepSpeed partitions an expert shard over the ranks that hold the same experts (efsdp), not its EP group",
+        Target.TREE,
+        "integrations/deepspeed.py",
+        "param.ds_zero_partition_process_group = groups._get_expert_data_parallel_group(group_name)",
+        "param.ds_zero_partition_process_group = groups._get_expert_parallel_group(group_name)",
+        DISPATCH,
+    ),
+    Mutation(
         "save-keeps-shards",
         "save_pretrained gathers the expert shards DeepSpeed holds",
         Target.TREE,
