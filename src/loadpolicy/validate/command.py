@@ -78,6 +78,16 @@ PARITY_FAST = (
     # token dispatch at ep 2 over 4 ranks (efsdp 2), SGD so that a wrong gradient scale shows, saved and reloaded
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
 )
+# The main job's (`tox -e multigpu`, bounded at 15 min here): the CI subset, plus each way of training with token
+# dispatch, ep = world at 4 ranks, and the 4-rank Trainer at dp 2 x ep 2. `--sweep` (`tox -e multigpu-sweep`) runs
+# every case of PARITY_FULL.
+PARITY_MAIN = (
+    *PARITY_FAST,
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
+    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
+    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
+)
 
 
 def _visible_gpus() -> int:
@@ -87,7 +97,9 @@ def _visible_gpus() -> int:
     return count
 
 
-def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str) -> int:
+def validate(
+    out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str, sweep: bool = False
+) -> int:
     trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
     runs = fast_matrix() if fast else full_matrix()
     gpus = _visible_gpus()
@@ -111,7 +123,7 @@ def validate(out: Path, patches: Path, cache: Path, *, fast: bool, timeout: floa
             flush=True,
         )
     parities = []
-    cases = PARITY_FAST if fast else PARITY_FULL
+    cases = PARITY_FAST if fast else PARITY_FULL if sweep else PARITY_MAIN
     references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
     for index, case in enumerate(cases, start=1):
         parity = run_parity(case, trees, checkpoints, out / "parity" / f"{index:03d}", timeout, references)
@@ -144,15 +156,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "validate", help="real multi-process loads on stock and patched transformers, with a report"
     )
-    parser.add_argument("--fast", action="store_true", help="every scenario once at 2 ranks (the CI subset)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--fast", action="store_true", help="every scenario once at 2 ranks (the CI subset)")
+    size.add_argument("--sweep", action="store_true", help="every training-parity case (the long sweep)")
     parser.add_argument("--out", type=Path, default=Path("build/validate"), help="work and report directory")
     add_launch_arguments(parser, timeout=180.0)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> str:
-    command = "loadpolicy validate" + (" --fast" if args.fast else "")
-    code = validate(args.out, args.patches, args.cache, fast=args.fast, timeout=args.timeout, command=command)
+    command = "loadpolicy validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
+    code = validate(
+        args.out, args.patches, args.cache, fast=args.fast, sweep=args.sweep, timeout=args.timeout, command=command
+    )
     if code:
         raise ValidationFailedError("some runs did not behave as expected: see the table above")
     return "every run behaved as expected"
