@@ -23,25 +23,15 @@ import enum
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loadpolicy.bench.autoep_results import ReferenceRun, WayRank
-from loadpolicy.harness.launch import (
-    Launcher,
-    Tree,
-    ValidationFailedError,
-    add_launch_arguments,
-    launch_command,
-    run_bounded,
-    stages,
-    tree_env,
-)
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
-from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
+from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 from loadpolicy.shape import LaunchShape
@@ -102,36 +92,12 @@ class Row:
     shim_applied: bool | None = None
 
 
-def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float) -> str | None:
-    """Run the worker on `ranks` processes (one without a launcher); None, or why the launch did not complete."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("rank*.pt"), *out.glob("rank*.stage")]:
-        stale.unlink()
-    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    evict_from_page_cache(Path(spec["checkpoint"]))  # every load starts from storage, as in `loadpolicy bench`
-    worker = ["-m", "loadpolicy.bench.autoep_worker", str(out / "spec.json"), str(out)]
-    command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
-    code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
-    results = [read_raw(out / f"rank{rank}.pt") for rank in range(ranks)]
-    failed = [(rank, r) for rank, r in enumerate(results) if "error" in r and "stage" in r]
-    if failed:  # the rank that raised first names itself; the others were stopped by torchrun
-        rank, result = failed[0]
-        others = f"; {stages(out, ranks)}" if ranks > 1 else ""
-        return f"rank {rank} failed at stage {result['stage']!r}: {result['error'][:400]}{others}"
-    if code is None:
-        return f"timed out after {timeout:.0f}s; {stages(out, ranks)} (see {out / 'launcher.log'})"
-    if code != 0 or any("error" in r for r in results):
-        return f"launcher exited {code}; a rank wrote no result; {stages(out, ranks)} (see {out / 'launcher.log'})"
-    return None
-
-
-def _imported_problems(results: list[dict[str, Any]], tree: Path) -> list[str]:
-    src = tree.resolve() / "src"
-    return [
-        f"rank {rank} imported transformers from {transformers_file(r)}, not from {src}"
-        for rank, r in enumerate(results)
-        if not Path(transformers_file(r)).is_relative_to(src)
-    ]
+def _launch(
+    spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]
+) -> list[Contract] | str:
+    """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy bench`)."""
+    evict_from_page_cache(Path(spec["checkpoint"]))
+    return launch_worker("loadpolicy.bench.autoep_worker", spec, tree, out, ranks, timeout, contract, ".pt")
 
 
 def _weights_rel(
@@ -234,18 +200,9 @@ def run_way(
     spec = spec | {"mode": str(way)}
     if way is Way.AUTOEP:
         spec["expert_parallel"] = expert_parallel_section(arch)
-    error = _launch(spec, trees[way.tree], out, WORLD, timeout)
-    if error is not None:
-        return Row(arch, str(way), time.monotonic() - start, error=error)
-    raws = [read_raw(out / f"rank{rank}.pt") for rank in range(WORLD)]
-    imported = _imported_problems(raws, trees[way.tree])
-    if imported:
-        return Row(arch, str(way), time.monotonic() - start, error="; ".join(imported))
-    parsed = [parse(raw, WayRank) for raw in raws]
-    failures = [f"rank {rank}: {r.error}" for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
-    if failures:
-        return Row(arch, str(way), time.monotonic() - start, error="; ".join(failures))
-    results = [r for r in parsed if not isinstance(r, RankFailure)]
+    results = _launch(spec, trees[way.tree], out, WORLD, timeout, WayRank)
+    if isinstance(results, str):
+        return Row(arch, str(way), time.monotonic() - start, error=results)
     compared = compare(single, results, way)
     load, init = _figures(results, "load"), _figures(results, "initialize")
     return Row(
@@ -289,17 +246,15 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
         }
         # The reference runs on the stock tree (not the code under test), as in parity.
         directory = out / "runs" / arch
-        error = _launch(spec | {"mode": "single"}, trees[Tree.STOCK], directory / "single", 1, timeout)
-        if error is not None:
-            failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {error}") for way in Way]
+        reference = _launch(
+            spec | {"mode": "single"}, trees[Tree.STOCK], directory / "single", 1, timeout, ReferenceRun
+        )
+        if isinstance(reference, str):
+            failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {reference}") for way in Way]
             print(*map(_line, failed), sep="\n", flush=True)
             rows += failed
             continue
-        single = parse(read_raw(directory / "single" / "rank0.pt"), ReferenceRun)
-        if isinstance(single, RankFailure):
-            failed = [Row(arch, str(way), 0.0, error=f"single-process reference: {single.error}") for way in Way]
-            rows += failed
-            continue
+        single = reference[0]
         for way in Way:
             row = run_way(arch, way, single, trees, spec, directory / str(way), timeout)
             rows.append(row)

@@ -19,22 +19,12 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
 from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.harness.launch import (
-    Launcher,
-    Tree,
-    ValidationFailedError,
-    add_launch_arguments,
-    launch_command,
-    run_bounded,
-    stages,
-    tree_env,
-)
-from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 
 
@@ -47,6 +37,7 @@ WAYS: dict[str, tuple[Tree, str | None]] = {
 }
 SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
 LOSS_BOUND = 1e-4
+WORKER = "loadpolicy.bench.throughput_worker"
 GIB = 1024**3
 
 
@@ -66,30 +57,6 @@ class Row:
     collectives_s: dict[str, float] = field(default_factory=dict)  # slowest rank, one profiled step
     peak_training_gib: list[float] = field(default_factory=list)  # per rank
     first_loss: float | None = None  # mean over ranks
-
-
-def _launch(spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float) -> list[ThroughputRank] | str:
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("rank*.*"):
-        stale.unlink()
-    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    worker = ["-m", "loadpolicy.bench.throughput_worker", str(out / "spec.json"), str(out)]
-    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), tree_env(tree), out / "log", timeout)
-    raws = [read_raw(out / f"rank{rank}.json") for rank in range(ranks)]
-    src = tree.resolve() / "src"
-    wrong = [
-        r for r, raw in enumerate(raws) if "error" not in raw and not Path(transformers_file(raw)).is_relative_to(src)
-    ]
-    if wrong:
-        return f"ranks {wrong} imported transformers from outside {src}"
-    parsed = [parse(raw, ThroughputRank) for raw in raws]
-    failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
-    if code is None:
-        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
-    if failed:
-        rank, failure = failed[0]
-        return f"rank {rank} failed at {failure.stage or 'its result'!r}: {failure.error[:300]}; {stages(out, ranks)}"
-    return [r for r in parsed if not isinstance(r, RankFailure)]
 
 
 def _row(way: str, ranks: int, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
@@ -173,7 +140,8 @@ def throughput(
                 "steps": steps,
             }
             start = time.monotonic()
-            result = _launch(spec, trees[tree], out / "runs" / f"{way}-ep{ep}", ranks, timeout)
+            directory = out / "runs" / f"{way}-ep{ep}"
+            result = launch_worker(WORKER, spec, trees[tree], directory, ranks, timeout, ThroughputRank)
             seconds = time.monotonic() - start
             row = (
                 Row(way, ranks, ep, seconds, error=result)

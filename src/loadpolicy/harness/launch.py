@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import loadpolicy
+from loadpolicy.harness.rank import Contract, RankFailure, parse, read_raw, transformers_file
 
 
 OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
@@ -122,3 +125,44 @@ def stages(out: Path, ranks: int) -> str:
             f"rank {rank} at {path.read_text(encoding='utf-8')!r}" if path.exists() else f"rank {rank}: no stage"
         )
     return ", ".join(where)
+
+
+def launch_worker(
+    module: str,
+    spec: dict[str, Any],
+    tree: Path,
+    out: Path,
+    ranks: int,
+    timeout: float,
+    contract: type[Contract],
+    suffix: str = ".json",
+) -> list[Contract] | str:
+    """Run `python -m module SPEC OUT` on `ranks` processes (torchrun; one process without a launcher), bounded, on
+    `tree`; every rank's result as `contract`, or why the launch did not give them: a rank that imported another
+    transformers, a timeout, or the first rank that failed (where and why) with where every rank was."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("rank*.*"):
+        stale.unlink()
+    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    worker = ["-m", module, str(out / "spec.json"), str(out)]
+    command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
+    code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
+    raws = [read_raw(out / f"rank{rank}{suffix}") for rank in range(ranks)]
+    src = tree.resolve() / "src"
+    elsewhere = [
+        rank
+        for rank, raw in enumerate(raws)
+        if "error" not in raw and not Path(transformers_file(raw)).is_relative_to(src)
+    ]
+    if elsewhere:
+        return f"ranks {elsewhere} imported transformers from outside {src}"
+    parsed = [parse(raw, contract) for raw in raws]
+    failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
+    if failed:  # the rank that raised first names itself; torchrun stopped the others
+        rank, failure = failed[0]
+        timed_out = f"timed out after {timeout:.0f}s; " if code is None else ""
+        where = failure.stage or "its result"
+        return f"{timed_out}rank {rank} failed at {where!r}: {failure.error[:400]}; {stages(out, ranks)}"
+    if code is None:
+        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
+    return [r for r in parsed if not isinstance(r, RankFailure)]
