@@ -17,7 +17,7 @@ from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.harness.launch import ValidationFailedError
 from loadpolicy.plan import command as plan_command
-from loadpolicy.policy import LoadInputs, LoadPolicyError, parse_policy_name
+from loadpolicy.policy import LoadInputs, LoadPolicyError, ParallelSizes, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.upstream.pin import UpstreamError
@@ -104,6 +104,8 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     parser.add_argument("--deepspeed-config", type=Path, required=True, metavar="JSON")
     parser.add_argument("--deepspeed-version", help="the DeepSpeed that will run it (default: the installed one)")
+    for flag in ("--tp-size", "--ep-size", "--fsdp-size"):
+        parser.add_argument(flag, type=int, default=1, help="the launch's DistributedConfig size (default 1)")
     parser.set_defaults(handler=_run_doctor)
 
 
@@ -116,7 +118,8 @@ def _run_doctor(args: argparse.Namespace) -> str:
             version = importlib.metadata.version("deepspeed")
         except importlib.metadata.PackageNotFoundError:
             version = None
-    findings = doctor.check_deepspeed_config(config, version)
+    sizes = ParallelSizes(tp=args.tp_size, ep=args.ep_size, fsdp=args.fsdp_size)
+    findings = doctor.check_deepspeed_config(config, version, sizes)
     lines = [f"ZeRO stage {stage}, DeepSpeed {version or '(not installed)'}"]
     lines += [f"{f.severity}: [{f.check}] {f.message}" for f in findings]
     if any(f.severity is doctor.Severity.ERROR for f in findings):

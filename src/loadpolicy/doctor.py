@@ -7,6 +7,9 @@
   frozen parameter names by object, so `save_checkpoint` fails with "failed to find frozen param in named params"
   (DeepSpeed #6620, still keyed by object). Seed: deepspeed-frozen-param-names-after-dispatch. A config cannot show
   this; the finding says what to keep final before wrapping.
+- With the launch's `DistributedConfig` sizes (`--ep-size`, `--tp-size`, `--fsdp-size`): DeepSpeed AutoEP
+  (`expert_parallel.enabled`) beside transformers' EP would shard the experts twice; EP with `tp_size = ep_size` under
+  ZeRO-3 shares each batch across the EP group, where token dispatch (`fsdp_size = world`) gives every rank its own.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from loadpolicy.policy import LoadPolicyError
+from loadpolicy.policy import LoadPolicyError, ParallelSizes
 
 
 OFFLOAD_FIX = (0, 14, 5)
@@ -79,11 +82,41 @@ def _offload_findings(zero: dict[str, object], deepspeed_version: str | None) ->
     return findings
 
 
-def check_deepspeed_config(config: dict[str, object], deepspeed_version: str | None) -> list[Finding]:
-    """Findings for a parsed DeepSpeed config and the DeepSpeed version that will run it (None: not installed)."""
+def _expert_parallel_findings(config: dict[str, object], sizes: ParallelSizes) -> list[Finding]:
+    autoep = config.get("expert_parallel", {})
+    findings = []
+    if sizes.expert_parallel and isinstance(autoep, dict) and autoep.get("enabled"):
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "two-expert-parallelisms",
+                f"The DeepSpeed config enables AutoEP (expert_parallel.enabled) and the launch loads with "
+                f"ep_size={sizes.ep}: AutoEP would replace MoE blocks whose experts transformers already sharded. "
+                "Accepted: one of them (AutoEP with no EP in the DistributedConfig, or EP with expert_parallel off).",
+            )
+        )
+    if sizes.expert_parallel and sizes.tp == sizes.ep:
+        findings.append(
+            Finding(
+                Severity.NOTE,
+                "shared-batch-ep",
+                f"DistributedConfig(tp_size={sizes.tp}, ep_size={sizes.ep}): the {sizes.ep} ranks of each EP group "
+                "train one batch and run every dense layer on it; DistributedConfig(fsdp_size=<world size>, "
+                f"ep_size={sizes.ep}) gives every rank its own batch and sends tokens to their experts by all-to-all.",
+            )
+        )
+    return findings
+
+
+def check_deepspeed_config(
+    config: dict[str, object], deepspeed_version: str | None, sizes: ParallelSizes | None = None
+) -> list[Finding]:
+    """Findings for a parsed DeepSpeed config and the DeepSpeed version that will run it (None: not installed), and,
+    given the launch's `DistributedConfig` sizes, for EP beside it."""
     zero = config.get("zero_optimization", {})
     zero = zero if isinstance(zero, dict) else {}
     findings = _offload_findings(zero, deepspeed_version) if zero.get("stage") == 3 else []
+    findings += _expert_parallel_findings(config, sizes or ParallelSizes())
     findings.append(
         Finding(
             Severity.NOTE,

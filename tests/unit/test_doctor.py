@@ -7,7 +7,7 @@ import pytest
 
 from loadpolicy.cli import main
 from loadpolicy.doctor import Severity, check_deepspeed_config, parse_version
-from loadpolicy.policy import LoadPolicyError
+from loadpolicy.policy import LoadPolicyError, ParallelSizes
 
 
 def zero3(optimizer: str | None = None, param: str | None = None) -> dict[str, object]:
@@ -57,3 +57,20 @@ def test_cli_exits_non_zero_on_an_error_finding(tmp_path: Path, capsys: pytest.C
     assert "error: [deepspeed-version]" in capsys.readouterr().err
     assert main(["doctor", "--deepspeed-config", str(path), "--deepspeed-version", "0.19.8"]) == 0
     assert "note: [placement-before-initialize]" in capsys.readouterr().out
+
+
+def test_autoep_beside_transformers_ep_is_an_error() -> None:
+    config = {"zero_optimization": {"stage": 3}, "expert_parallel": {"enabled": True, "autoep_size": 2}}
+    findings = check_deepspeed_config(config, "0.19.8", ParallelSizes(fsdp=4, ep=2))
+    assert [f.check for f in findings if f.severity is Severity.ERROR] == ["two-expert-parallelisms"]
+    assert "ep_size=2" in findings[0].message
+    # AutoEP alone, without EP in the DistributedConfig, is DeepSpeed's own way
+    assert not [f for f in check_deepspeed_config(config, "0.19.8") if f.severity is Severity.ERROR]
+
+
+def test_the_shared_batch_shape_points_at_token_dispatch() -> None:
+    config = {"zero_optimization": {"stage": 3}}
+    shared = check_deepspeed_config(config, "0.19.8", ParallelSizes(tp=4, ep=4))
+    assert any(f.check == "shared-batch-ep" and "fsdp_size=<world size>, ep_size=4" in f.message for f in shared)
+    dispatch = check_deepspeed_config(config, "0.19.8", ParallelSizes(fsdp=4, ep=4))
+    assert not any(f.check == "shared-batch-ep" for f in dispatch)
