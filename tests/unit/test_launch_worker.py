@@ -77,3 +77,10 @@ def test_a_rank_that_imported_another_transformers_fails(tree: Path, tmp_path: P
     error = run(other, tmp_path / "elsewhere")
     assert isinstance(error, str)
     assert "imported transformers from outside" in error
+
+
+def test_a_rank_killed_before_it_wrote_says_so(tree: Path, tmp_path: Path) -> None:
+    (tree / "src" / "killed_worker.py").write_text("import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    error = launch_worker("killed_worker", {}, tree, tmp_path / "killed", 1, 60.0, Answer)
+    assert isinstance(error, str)
+    assert error.startswith("ranks [0] wrote no result (launcher exit -9")

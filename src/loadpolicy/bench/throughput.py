@@ -29,11 +29,12 @@ from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 
 
 # way -> (tree, policy every rank must report: None on stock, which has none)
+# (plain ZeRO-3 first: the reference of the first-loss check, and the way that holds the most memory)
 WAYS: dict[str, tuple[Tree, str | None]] = {
+    "zero3": (Tree.STOCK, None),
     "dispatch": (Tree.PATCHED, "EPMeta"),
     "tp_ep": (Tree.PATCHED, "EPMeta"),
     "autoep": (Tree.STOCK, None),
-    "zero3": (Tree.STOCK, None),
 }
 SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
 LOSS_BOUND = 1e-4

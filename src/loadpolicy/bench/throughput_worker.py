@@ -44,7 +44,16 @@ COLLECTIVES = {
 
 def ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "zero_optimization": {"stage": 3},
+        # Buckets of 50M elements instead of DeepSpeed's 500M defaults (2 GB of fp32 per bucket per rank), for every
+        # way alike: with the defaults plain ZeRO-3 on moe-300m at 4 ranks needs 6.3 GB per rank, over this machine.
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": 50_000_000,
+            "allgather_bucket_size": 50_000_000,
+            "stage3_prefetch_bucket_size": 50_000_000,
+            "stage3_max_live_parameters": 100_000_000,
+            "stage3_max_reuse_distance": 100_000_000,
+        },
         "train_micro_batch_size_per_gpu": spec["micro_batch"],
         "train_batch_size": spec["micro_batch"] * world,
         "gradient_accumulation_steps": 1,

@@ -158,11 +158,15 @@ def launch_worker(
         return f"ranks {elsewhere} imported transformers from outside {src}"
     parsed = [parse(raw, contract) for raw in raws]
     failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
-    if failed:  # the rank that raised first names itself; torchrun stopped the others
-        rank, failure = failed[0]
-        timed_out = f"timed out after {timeout:.0f}s; " if code is None else ""
-        where = failure.stage or "its result"
-        return f"{timed_out}rank {rank} failed at {where!r}: {failure.error[:400]}; {stages(out, ranks)}"
-    if code is None:
-        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
+    timed_out = f"timed out after {timeout:.0f}s; " if code is None else ""
+    raised = [(rank, r) for rank, r in failed if r.stage]
+    if raised:  # the rank that raised first names itself; torchrun stopped the others
+        rank, failure = raised[0]
+        return f"{timed_out}rank {rank} failed at {failure.stage!r}: {failure.error[:400]}; {stages(out, ranks)}"
+    if failed:  # killed (out of memory, a signal) or stopped before it could write: where each rank was
+        missing = [rank for rank, _ in failed]
+        return (
+            f"{timed_out}ranks {missing} wrote no result (launcher exit {code}: a rank killed, by the OOM killer "
+            f"say); {stages(out, ranks)}; see {out / 'launcher.log'}"
+        )
     return [r for r in parsed if not isinstance(r, RankFailure)]

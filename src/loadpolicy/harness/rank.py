@@ -87,7 +87,7 @@ class RankFailure:
     """A rank with no usable result: its error (or the fields its result lacked) and where it was."""
 
     error: str
-    stage: str = ""
+    stage: str = ""  # where the rank was; "" when it wrote nothing (killed, or stopped first)
 
 
 Contract = TypeVar("Contract", bound=Mapping[str, object])
@@ -113,7 +113,7 @@ def parse(raw: dict[str, Any], contract: type[Contract]) -> Contract | RankFailu
     required: frozenset[str] = vars(contract)["__required_keys__"]
     missing = sorted(required - raw.keys())
     if missing:
-        return RankFailure(f"result lacks {missing} (a {contract.__name__})")
+        return RankFailure(f"result lacks {missing} (a {contract.__name__})", "its result")
     result: Contract = raw  # type: ignore[assignment]  # checked against the contract's required keys just above
     return result
 
