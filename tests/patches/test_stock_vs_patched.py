@@ -69,3 +69,15 @@ def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, P
         assert result["on_meta"] == []
         assert all(equal for _, _, equal in result["experts"].values())
         assert result["max_abs_diff"] <= 1e-5
+
+
+def test_every_mutation_finds_its_text_once_in_the_code_it_breaks(trees: tuple[Path, Path]) -> None:
+    """`tox -e mutants` fails on a mutation whose text moved; this says so in `tox -e patches`, on every change of the
+    series or of `policy.py`, without running the mutants."""
+    import loadpolicy
+    from loadpolicy.validate.mutants import MUTATIONS, Target
+
+    _, patched = trees
+    roots = {Target.TREE: patched / "src" / "transformers", Target.POLICY: Path(loadpolicy.__file__).parent}
+    counts = {m.name: (roots[m.target] / m.path).read_text(encoding="utf-8").count(m.old) for m in MUTATIONS}
+    assert counts == dict.fromkeys(counts, 1)

@@ -169,7 +169,7 @@ MUTATIONS = (
         "ZeRO-3 with FSDP2 is refused",
         Target.POLICY,
         "policy.py",
-        "if sizes.fsdp > 1 or (sizes.dp_replicate > 1 and not sizes.expert_parallel):",
+        "if (sizes.fsdp > 1 and not token_dispatch) or (sizes.dp_replicate > 1 and not sizes.expert_parallel):",
         "if False:",
         UNITS,
     ),
