@@ -95,6 +95,8 @@ def judge(rows: list[Row]) -> list[str]:
     """Every way completed with its policy; the ways that train the same data start from plain ZeRO-3's loss."""
     problems = [f"{r.way}: {r.error}" for r in rows if r.error] + [f"{r.way}: {p}" for r in rows for p in r.problems]
     reference = next((r.first_loss for r in rows if r.way == "zero3" and not r.error), None)
+    if not any(r.way == "zero3" for r in rows):
+        return problems  # a run of some ways only (`--way`): no reference was asked for
     for row in rows:
         if row.way not in SAME_DATA or row.error:
             continue
@@ -113,6 +115,8 @@ def throughput(
     cache: Path,
     *,
     model: BenchModel,
+    ways: tuple[str, ...] = tuple(WAYS),
+    experts_implementation: str | None = None,
     ranks: int,
     eps: tuple[int, ...],
     steps: int,
@@ -126,7 +130,7 @@ def throughput(
     rows = []
     for ep in eps:
         for way, (tree, _) in WAYS.items():
-            if way == "zero3" and ep != eps[0]:
+            if way not in ways or (way == "zero3" and ep != eps[0]):
                 continue  # no EP: one run serves every ep
             spec = {
                 "way": way,
@@ -139,6 +143,7 @@ def throughput(
                 "sequence": sequence,
                 "warmup": 1,
                 "steps": steps,
+                "experts_implementation": experts_implementation,
             }
             start = time.monotonic()
             directory = out / "runs" / f"{way}-ep{ep}"
@@ -197,6 +202,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--ep", type=int, action="append", help="expert-parallel size (repeatable; default 4 and 2)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up step (default 3)")
     parser.add_argument("--sequence", type=int, default=512, help="tokens per micro-batch (default 512)")
+    parser.add_argument("--way", action="append", choices=list(WAYS), help="only this way (repeatable; default all)")
+    parser.add_argument(
+        "--experts-implementation",
+        choices=("eager", "grouped_mm"),
+        help="transformers' experts forward for the ways that keep it (default: transformers' choice)",
+    )
     add_launch_arguments(parser, timeout=900.0)
     parser.set_defaults(handler=_run)
 
@@ -212,13 +223,19 @@ def _run(args: argparse.Namespace) -> str:
         args.patches,
         args.cache,
         model=model,
+        ways=tuple(args.way or WAYS),
+        experts_implementation=args.experts_implementation,
         ranks=ranks,
         eps=eps,
         steps=args.steps,
         sequence=sequence,
         timeout=args.timeout,
     )
-    command = "loadpolicy throughput" + (" --smoke" if args.smoke else "")
+    command = (
+        "loadpolicy throughput" + (" --smoke" if args.smoke else "") + "".join(f" --way {w}" for w in args.way or ())
+    )
+    if args.experts_implementation:
+        command += f" --experts-implementation {args.experts_implementation}"
     (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
     (args.out / "throughput.md").write_text(render_markdown(rows, command, model.name, sequence), encoding="utf-8")
     print(render_markdown(rows, command, model.name, sequence))

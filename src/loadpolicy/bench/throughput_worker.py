@@ -102,6 +102,8 @@ def _load(spec: dict[str, Any], world: int) -> Any:
     from transformers import DistributedConfig  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if spec.get("experts_implementation"):  # transformers' own experts (AutoEP replaces them with its layers)
+        kwargs["experts_implementation"] = spec["experts_implementation"]
     if (sizes := distributed_config(spec, world)) is not None:
         kwargs["distributed_config"] = DistributedConfig(**sizes)
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
