@@ -234,6 +234,7 @@ def _run(args: argparse.Namespace) -> str:
     command = (
         "loadpolicy throughput" + (" --smoke" if args.smoke else "") + "".join(f" --way {w}" for w in args.way or ())
     )
+    command += "".join(f" --ep {ep}" for ep in args.ep or ())
     if args.experts_implementation:
         command += f" --experts-implementation {args.experts_implementation}"
     (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
