@@ -60,3 +60,17 @@ def test_no_import_runs_back_up_the_layers() -> None:
         here = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
         upward += [f"{here} -> {target}" for target in _imports(path) if _layer(target) > _layer(here)]
     assert upward == []
+
+
+def test_no_function_is_over_60_lines() -> None:
+    """Modules stay small, and so do functions: a longer one is split (issue 15's structure goal)."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    long = [
+        f"{path.relative_to(src)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(src.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert long == []

@@ -127,20 +127,7 @@ def run_parity(
 ) -> ParityOutcome:
     """Run `case` against its one-process reference. `references`, shared by the cases of one validation, keeps each
     reference's directory by what trains it, so cases that train the same way run it once."""
-    spec = {
-        "model_class": ARCHITECTURES[case.arch].model_class,
-        "checkpoint": str(checkpoints / case.arch),
-        "steps": case.steps,
-        "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
-        "optimizer": case.optimizer,
-        "distributed": case.shape.distributed_config(),
-        "clip": case.clip,
-        "frozen": list(FROZEN) if case.checkpoint else [],
-        "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
-        "export_dir": str((out / "export").resolve()) if case.export else "",
-        "save_steps": RESUME_AFTER if case.resume else 0,
-        "resume_from": "",
-    }
+    spec = _worker_spec(case, checkpoints, out)
     start = time.monotonic()
     known = {} if references is None else references
     reference, error = _reference(spec, trees[Tree.STOCK], out / "single", timeout, known)
@@ -178,6 +165,23 @@ def run_parity(
             f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
         )
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
+
+
+def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> dict[str, Any]:
+    return {
+        "model_class": ARCHITECTURES[case.arch].model_class,
+        "checkpoint": str(checkpoints / case.arch),
+        "steps": case.steps,
+        "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
+        "optimizer": case.optimizer,
+        "distributed": case.shape.distributed_config(),
+        "clip": case.clip,
+        "frozen": list(FROZEN) if case.checkpoint else [],
+        "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
+        "export_dir": str((out / "export").resolve()) if case.export else "",
+        "save_steps": RESUME_AFTER if case.resume else 0,
+        "resume_from": "",
+    }
 
 
 # What a spec holds only for the distributed run: the one-process reference trains the same without them.
