@@ -101,7 +101,7 @@ def validate(
     out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str, sweep: bool = False
 ) -> int:
     trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
-    runs = fast_matrix() if fast else full_matrix()
+    runs = fast_matrix() if fast else full_matrix(sweep=sweep)
     gpus = _visible_gpus()
     if gpus >= 2:
         # One process per GPU: transformers and DeepSpeed then pick CUDA and nccl by themselves.
