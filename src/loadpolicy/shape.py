@@ -64,9 +64,9 @@ class LaunchShape:
         return cls(ranks, zero3, layout, group=group, requested=requested, quantized=quantized)
 
     @classmethod
-    def dispatching(cls, ranks: int, ep: int, *, zero3: bool) -> LaunchShape:
+    def dispatching(cls, ranks: int, ep: int, *, zero3: bool, requested: PolicyName | None = None) -> LaunchShape:
         """Token dispatch: `DistributedConfig(fsdp_size=ranks, ep_size=ep)`, every rank its own batch."""
-        return cls(ranks, zero3, EPLayout.TOKEN_DISPATCH, group=ep)
+        return cls(ranks, zero3, EPLayout.TOKEN_DISPATCH, group=ep, requested=requested)
 
     @property
     def ep(self) -> int:

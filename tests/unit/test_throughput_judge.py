@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.bench.throughput import Row, _row, judge
+from loadpolicy.bench.throughput import Row, _row, _shape, judge
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:
@@ -38,7 +38,7 @@ def rows(**changes: Any) -> list[Row]:
         results = [rank(way, r, policy=policy, loss=5.0 + 0.01 * r, step=2.0, batches=batches) for r in range(2)]
         for r in results:
             r.update(changes.get(way, {}))  # type: ignore[typeddict-item]
-        made.append(_row(way, 2, 2, 10.0, results))
+        made.append(_row(way, _shape(way, 2, 2), 2, 10.0, results))
     return made
 
 
@@ -60,6 +60,7 @@ def test_tokens_per_second_counts_the_distinct_tokens_the_world_trained() -> Non
         ({"autoep": {"losses": [5.1, 5.0]}}, "autoep: first loss"),
         ({"dispatch": {"policy": "MetaShardOnRead"}}, "dispatch: rank 0 selected MetaShardOnRead, expected EPMeta"),
         ({"zero3": {"policy": "EPMeta"}}, "zero3: rank 0 selected EPMeta, expected None"),
+        ({"dispatch": {"distinct_batches": 1}}, "dispatch: rank 0 trained 1 batches per step, the launch has 2"),
     ],
 )
 def test_the_judge_names_what_is_wrong(changes: dict[str, Any], needle: str) -> None:

@@ -28,17 +28,8 @@ from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.bench.results import LoadMeasurement
-from loadpolicy.harness.launch import (
-    Launcher,
-    Tree,
-    add_launch_arguments,
-    launch_command,
-    run_bounded,
-    stages,
-    tree_env,
-)
+from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
-from loadpolicy.harness.rank import RankFailure, parse, read_raw
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
@@ -100,29 +91,10 @@ def _applies(case: Case, model: BenchModel) -> bool:
     return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
 
 
-def _launch(
-    spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float
-) -> tuple[list[LoadMeasurement], str | None]:
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("rank*.json"):
-        stale.unlink()
-    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.bench.worker", str(out / "spec.json"), str(out)]
+def _launch(spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
-    env = tree_env(tree) | FIXED_MALLOC
-    code = run_bounded(launch_command(Launcher.TORCHRUN, ranks, worker, out), env, out / "log", timeout)
-    parsed = [parse(read_raw(path), LoadMeasurement) for path in sorted(out.glob("rank*.json"))]
-    failed = [(rank, r) for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
-    if failed:
-        rank, failure = failed[0]
-        return [], f"rank {rank} failed in {failure.stage or 'its result'}: {failure.error[:200]}"
-    results = [r for r in parsed if not isinstance(r, RankFailure)]
-    if code is None:
-        return results, f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
-    if code != 0 or len(results) != ranks:
-        return results, f"launcher exited {code}, {len(results)}/{ranks} ranks reported (see {out / 'log'})"
-    return results, None
+    return launch_worker("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, LoadMeasurement, env=FIXED_MALLOC)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -206,8 +178,11 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                         "model_class": model.model_class,
                     }
                     name = f"{model.name}-{case.policy}-{case.layout}-{ranks}-{repeat}"
-                    results, error = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
-                    error = error or "; ".join(case.problems(results, trees[case.tree]))[:300] or None
+                    results = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
+                    if isinstance(results, str):
+                        error = results
+                        break
+                    error = "; ".join(case.problems(results, trees[case.tree]))[:300] or None
                     if error:
                         break
                     runs.append(results)

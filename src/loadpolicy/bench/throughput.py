@@ -26,6 +26,7 @@ from loadpolicy.bench.models import build as build_model
 from loadpolicy.bench.results import ThroughputRank
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.shape import LaunchShape
 
 
 # way -> (tree, policy every rank must report: None on stock, which has none)
@@ -60,10 +61,26 @@ class Row:
     first_loss: float | None = None  # mean over ranks
 
 
-def _row(way: str, ranks: int, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
+def _shape(way: str, ranks: int, ep: int) -> LaunchShape:
+    """The launch of `way`: EPMeta as token dispatch or as tp = ep; AutoEP and plain ZeRO-3 load with no
+    `DistributedConfig` (AutoEP swaps the experts in `deepspeed.initialize`)."""
+    if way == "dispatch":
+        return LaunchShape.dispatching(ranks, ep, zero3=True)
+    if way == "tp_ep":
+        return LaunchShape.experts_over(ranks, ep, zero3=True)
+    return LaunchShape(ranks, zero3=True)
+
+
+def _row(way: str, shape: LaunchShape, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
+    """One way's figures; `ep` is the way's EP size (AutoEP's `autoep_size`, which its launch shape does not carry)."""
     expected = WAYS[way][1]
     problems = [
         f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
+    ]
+    problems += [
+        f"rank {r['rank']} trained {r['distinct_batches']} batches per step, the launch has {shape.batches}"
+        for r in results
+        if r["distinct_batches"] != shape.batches
     ]
     measured = len(results[0]["steps"])
     slowest = [max(range(len(results)), key=lambda k: results[k]["steps"][s]["total"]) for s in range(measured)]
@@ -72,15 +89,15 @@ def _row(way: str, ranks: int, ep: int, seconds: float, results: list[Throughput
     def part(name: Literal["forward", "backward", "optimizer"]) -> float:
         return statistics.median(results[k]["steps"][s][name] for s, k in enumerate(slowest))
 
-    distinct_tokens = results[0]["distinct_batches"] * results[0]["tokens_per_step"]
+    distinct_tokens = shape.batches * results[0]["tokens_per_step"]
     kinds = sorted({kind for r in results for kind in r["collectives"]})
     return Row(
         way=way,
-        ranks=ranks,
+        ranks=shape.ranks,
         ep=ep,
         seconds=seconds,
         problems=problems,
-        tokens_per_s_per_rank=distinct_tokens / ranks / step_s,
+        tokens_per_s_per_rank=distinct_tokens / shape.ranks / step_s,
         step_s=step_s,
         forward_s=part("forward"),
         backward_s=part("backward"),
@@ -132,9 +149,11 @@ def throughput(
         for way, (tree, _) in WAYS.items():
             if way not in ways or (way == "zero3" and ep != eps[0]):
                 continue  # no EP: one run serves every ep
+            shape = _shape(way, ranks, ep)
             spec = {
                 "way": way,
                 "ep": ep,
+                "distributed": shape.distributed_config(),
                 "checkpoint": str(checkpoint),
                 "model_class": model.model_class,
                 "model_type": config.model_type,
@@ -152,7 +171,7 @@ def throughput(
             row = (
                 Row(way, ranks, ep, seconds, error=result)
                 if isinstance(result, str)
-                else _row(way, ranks, ep, seconds, result)
+                else _row(way, shape, ep, seconds, result)
             )
             rows.append(row)
             print(_line(row), flush=True)

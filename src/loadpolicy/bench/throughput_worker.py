@@ -28,6 +28,7 @@ from loadpolicy.bench.autoep_worker import apply_output_capture_registry_shim
 from loadpolicy.bench.results import StepTimes, ThroughputRank
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.parity import worker as parity_worker
 
 
 # Profiler event names of the collectives (c10d ops, and the waits of functional collectives, which transformers'
@@ -70,26 +71,10 @@ def ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     return config
 
 
-def distributed_config(spec: dict[str, Any], world: int) -> dict[str, int] | None:
-    ep = spec["ep"]
-    match spec["way"]:
-        case "dispatch":
-            return {"fsdp_size": world, "ep_size": ep}
-        case "tp_ep":
-            return {"tp_size": ep, "ep_size": ep} | ({"dp_replicate_size": world // ep} if world > ep else {})
-        case "autoep" | "zero3":
-            return None
-        case way:
-            raise ValueError(f"unknown way {way!r}; accepted: dispatch, tp_ep, autoep, zero3")
-
-
-def batch_index(spec: dict[str, Any], rank: int, world: int) -> int:
-    """Which of a step's distinct micro-batches this rank trains: its EP group's with `tp_ep`, its own otherwise."""
-    return rank // spec["ep"] if spec["way"] == "tp_ep" else rank
-
-
 def distinct_batches(spec: dict[str, Any], world: int) -> int:
-    return world // spec["ep"] if spec["way"] == "tp_ep" else world
+    """Micro-batches the world trains per step, as the distributed config says (the ranks of a tp = ep group share
+    one); one per rank without a distributed config."""
+    return parity_worker.replicas(spec) if spec["distributed"] else world
 
 
 def step_batches(spec: dict[str, Any], world: int, step: int) -> Any:
@@ -104,8 +89,8 @@ def _load(spec: dict[str, Any], world: int) -> Any:
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if spec.get("experts_implementation"):  # transformers' own experts (AutoEP replaces them with its layers)
         kwargs["experts_implementation"] = spec["experts_implementation"]
-    if (sizes := distributed_config(spec, world)) is not None:
-        kwargs["distributed_config"] = DistributedConfig(**sizes)
+    if spec["distributed"] is not None:
+        kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
     model.train()
     return model
@@ -165,7 +150,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
     this.stage("deepspeed.initialize")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    mine = batch_index(spec, rank, world)
+    mine = rank // (world // distinct_batches(spec, world))  # consecutive ranks share a tp = ep group's batch
     losses, steps = [], []
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM: the peak while training
     for step in range(spec["warmup"] + spec["steps"]):

@@ -136,17 +136,19 @@ def launch_worker(
     timeout: float,
     contract: type[Contract],
     suffix: str = ".json",
+    env: dict[str, str] | None = None,
 ) -> list[Contract] | str:
     """Run `python -m module SPEC OUT` on `ranks` processes (torchrun; one process without a launcher), bounded, on
     `tree`; every rank's result as `contract`, or why the launch did not give them: a rank that imported another
-    transformers, a timeout, or the first rank that failed (where and why) with where every rank was."""
+    transformers, a timeout, or the first rank that failed (where and why) with where every rank was. `env` adds to
+    the tree's environment."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.*"):
         stale.unlink()
     (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
     worker = ["-m", module, str(out / "spec.json"), str(out)]
     command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
-    code = run_bounded(command, tree_env(tree), out / "launcher.log", timeout)
+    code = run_bounded(command, tree_env(tree) | (env or {}), out / "launcher.log", timeout)
     raws = [read_raw(out / f"rank{rank}{suffix}") for rank in range(ranks)]
     src = tree.resolve() / "src"
     elsewhere = [

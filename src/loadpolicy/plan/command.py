@@ -60,8 +60,7 @@ def launch_shape(args: argparse.Namespace) -> LaunchShape:
     requested = parse_policy_name(args.policy) if args.policy else None
     zero3 = args.zero3 or requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META)
     if args.dispatch and args.ep > 1:
-        shape = LaunchShape.dispatching(args.ranks, args.ep, zero3=zero3)
-        return LaunchShape(shape.ranks, zero3, shape.layout, group=shape.group, requested=requested)
+        return LaunchShape.dispatching(args.ranks, args.ep, zero3=zero3, requested=requested)
     return LaunchShape.experts_over(args.ranks, args.ep, zero3=zero3, requested=requested)
 
 
