@@ -13,7 +13,7 @@ from loadpolicy import doctor
 from loadpolicy.bench import autoep as autoep_command
 from loadpolicy.bench import run as bench_command
 from loadpolicy.bench import throughput as throughput_command
-from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
+from loadpolicy.dsconfig import keeps_flat_partitions, read_config, read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
 from loadpolicy.harness.launch import ValidationFailedError
 from loadpolicy.plan import command as plan_command
@@ -76,7 +76,9 @@ def _run_explain(args: argparse.Namespace) -> str:
         ds_config, raw = EXAMPLES[args.example]
         stage = 0 if ds_config is None else zero_stage_of(ds_config, source=f"example {args.example!r}")
     else:
-        stage = 0 if args.deepspeed_config is None else read_zero_stage(args.deepspeed_config)
+        ds_config = None if args.deepspeed_config is None else read_config(args.deepspeed_config)
+        source = f"DeepSpeed config {str(args.deepspeed_config)!r}"
+        stage = 0 if ds_config is None else zero_stage_of(ds_config, source=source)
         raw = RawSizes(
             tp_size=args.tp_size,
             ep_size=args.ep_size,
@@ -91,6 +93,7 @@ def _run_explain(args: argparse.Namespace) -> str:
         zero3_enabled=stage == 3,
         quantized=args.quantized,
         outer_zero3_init=args.outer_zero3_init,
+        zero3_flat_partitions=ds_config is not None and keeps_flat_partitions(ds_config),
         sizes=normalised.sizes,
         requested=None if args.policy is None else parse_policy_name(args.policy),
     )

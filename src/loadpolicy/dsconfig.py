@@ -1,4 +1,4 @@
-"""Read the one fact the policy needs from a DeepSpeed config file: is ZeRO stage 3 on."""
+"""Read the facts the policy needs from a DeepSpeed config: is ZeRO stage 3 on, and how it keeps partitions."""
 
 from __future__ import annotations
 
@@ -30,8 +30,31 @@ def zero_stage_of(config: object, source: str = "DeepSpeed config") -> int:
     return int(stage)
 
 
+def keeps_flat_partitions(config: dict[str, object]) -> bool:
+    """Whether ZeRO-3 keeps each rank's share of a parameter as one flat slice in `ds_tensor`, and nothing else.
+
+    Mirrors transformers' `zero3_keeps_flat_partitions` (patch 0021): hpZ (`zero_hpz_partition_size > 1`) also keeps
+    a secondary partition, NVMe parameter offload keeps the partition in a swap file, and quantized non-trainable
+    weights store it quantized. Partition reads write only the flat slice, so those configs gather and copy.
+    """
+    zero = config.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        return False
+    offload = zero.get("offload_param") or {}
+    return (
+        zero.get("zero_hpz_partition_size") in (None, 1)
+        and not (isinstance(offload, dict) and offload.get("device") == "nvme")
+        and not zero.get("zero_quantized_nontrainable_weights", False)
+    )
+
+
 def read_zero_stage(path: Path) -> int:
     """The ZeRO stage of the DeepSpeed config file at `path`, with a clear error for a missing or broken file."""
+    return zero_stage_of(read_config(path), source=f"DeepSpeed config {str(path)!r}")
+
+
+def read_config(path: Path) -> dict[str, object]:
+    """The DeepSpeed config file at `path`, parsed, with a clear error for a missing, broken or non-object file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -42,4 +65,8 @@ def read_zero_stage(path: Path) -> int:
         raise LoadPolicyError(
             f"DeepSpeed config {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}."
         ) from exc
-    return zero_stage_of(config, source=f"DeepSpeed config {str(path)!r}")
+    if not isinstance(config, dict):
+        raise LoadPolicyError(
+            f"DeepSpeed config {str(path)!r}: expected a JSON object at the top level, got {type(config).__name__}."
+        )
+    return config

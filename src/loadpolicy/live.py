@@ -50,6 +50,8 @@ def live_inputs(
         zero3_enabled=bool(deepspeed_integration.is_deepspeed_zero3_enabled()),
         quantized=quantized,
         outer_zero3_init=bool(getattr(modeling_utils, "_is_ds_init_called", False)),
+        # absent on a tree without partition reads (stock): gather and copy there
+        zero3_flat_partitions=bool(getattr(deepspeed_integration, "zero3_keeps_flat_partitions", lambda: False)()),
         sizes=sizes_of(distributed_config),
         requested=requested,
     )

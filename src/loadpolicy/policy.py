@@ -10,11 +10,14 @@ value:
 | 1  init context                 | zero.Init (or outer)  | meta (quantized: meta+state)  | meta             |
 | 1b nested `_from_config` init   | no own zero.Init      | no own zero.Init              | no own zero.Init |
 | 2  `device_map`                 | refuse                | refuse under ZeRO-3, else pass| admit mesh-bound |
-| 3  loading branch               | ZeRO-3 gather-and-copy| shard on read                 | shard on read    |
+| 3  loading branch               | read own partitions * | shard on read                 | shard on read    |
 | 4  buffers and missing keys     | leave to ZeRO-3       | materialise                   | materialise      |
 | 5  weight initialisation        | gathered              | plain                         | plain            |
 | 6  dense weights                | (no TP under ZeRO-3)  | as the TP plan says           | left to ZeRO-3   |
 | 7  after loading                | as loaded             | as loaded                     | expert groups    |
+
+* ZeRO-3 gather-and-copy when an outer `zero.Init` built the model or DeepSpeed keeps partitions another way (hpZ, NVMe
+parameter offload, quantized weights), and for a state dict or `.bin` files.
 
 This module is the single source of truth for that table. transformers carries a generated copy of it, so it imports
 only the standard library and runs on transformers' minimum Python.
@@ -100,6 +103,8 @@ class LoadingBranch(enum.Enum):
 
     # `_load_state_dict_into_zero3_model`: rank 0 reads everything, gathers each module, copies
     ZERO3_GATHER_AND_COPY = "zero3_gather_and_copy"
+    # `load_zero3_partitions`: every rank reads from the safetensors files only its ZeRO-3 partition of each parameter
+    ZERO3_READ_PARTITIONS = "zero3_read_partitions"
     # `convert_and_load_state_dict_in_model`: every rank converts and shards each tensor it owns on read
     SHARD_ON_READ = "shard_on_read"
 
@@ -142,15 +147,16 @@ class AfterLoading(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Zero3Init:
-    """Dense ZeRO-3: build under `deepspeed.zero.Init`, copy the checkpoint in with gathered parameters."""
+    """Dense ZeRO-3: build under `deepspeed.zero.Init`; every rank reads its partitions, or rank 0 copies all."""
 
     # True when an outer `zero.Init` (transformers' `_is_ds_init_called`) is already active around this build.
     under_outer_init: bool = False
+    # True when every rank reads its own partition of each parameter; False: gather each module and copy on rank 0.
+    reads_partitions: bool = False
 
     name: ClassVar[PolicyName] = PolicyName.ZERO3_INIT
     nested_from_config_opens_zero3_init: ClassVar[bool] = False  # the parent's zero.Init already covers it
     device_map: ClassVar[DeviceMapRule] = DeviceMapRule.REFUSE
-    loading_branch: ClassVar[LoadingBranch] = LoadingBranch.ZERO3_GATHER_AND_COPY
     missing_keys: ClassVar[MissingKeys] = MissingKeys.LEAVE_TO_ZERO3
     weight_init: ClassVar[WeightInit] = WeightInit.GATHERED
     dense_weights: ClassVar[DenseWeights] = DenseWeights.AS_PLANNED  # tp_size > 1 without EP is refused under ZeRO-3
@@ -159,6 +165,10 @@ class Zero3Init:
     @property
     def init_context(self) -> InitContext:
         return InitContext.OUTER_ZERO3_INIT if self.under_outer_init else InitContext.ZERO3_INIT
+
+    @property
+    def loading_branch(self) -> LoadingBranch:
+        return LoadingBranch.ZERO3_READ_PARTITIONS if self.reads_partitions else LoadingBranch.ZERO3_GATHER_AND_COPY
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +263,9 @@ class LoadInputs:
     quantized: bool = False
     # transformers' `_is_ds_init_called`: this build happens inside a `zero.Init` somebody else opened
     outer_zero3_init: bool = False
+    # ZeRO-3 keeps each rank's share of a parameter as one flat slice in `ds_tensor`: no hpZ secondary partition, NVMe
+    # parameter offload or quantized non-trainable weights (transformers' `zero3_keeps_flat_partitions`)
+    zero3_flat_partitions: bool = False
     sizes: ParallelSizes = ParallelSizes()
     requested: PolicyName | None = None
 
@@ -278,10 +291,8 @@ def explain_selection(inputs: LoadInputs) -> tuple[LoadPolicy, str]:
     elif inputs.quantized:
         default = MetaShardOnRead(zero3_enabled=True, quantized=True)
         reason = "a quantized model cannot be built under zero.Init"
-    elif inputs.outer_zero3_init:
-        default, reason = Zero3Init(under_outer_init=True), "an outer zero.Init is already active"
     else:
-        default, reason = Zero3Init(), "dense ZeRO-3 partitions parameters while the model is built"
+        default, reason = _dense_zero3(inputs)
 
     match inputs.requested:
         case None:
@@ -298,10 +309,25 @@ def explain_selection(inputs: LoadInputs) -> tuple[LoadPolicy, str]:
             )
 
 
+def _dense_zero3(inputs: LoadInputs) -> tuple[Zero3Init, str]:
+    """Dense ZeRO-3: which loader fills the partitions `zero.Init` built."""
+    if inputs.outer_zero3_init:
+        # The outer zero.Init may partition with a config the selector does not see: gather and copy
+        return Zero3Init(under_outer_init=True), "an outer zero.Init is already active"
+    if inputs.zero3_flat_partitions:
+        reason = "dense ZeRO-3 partitions parameters while the model is built; every rank reads its own partitions"
+        return Zero3Init(reads_partitions=True), reason
+    return Zero3Init(), (
+        "dense ZeRO-3 partitions parameters while the model is built; DeepSpeed keeps partitions in a layout "
+        "partition reads do not write (hpZ, NVMe parameter offload or quantized weights): gather and copy"
+    )
+
+
 def _describe(inputs: LoadInputs) -> str:
     return (
         f"zero3_enabled={inputs.zero3_enabled}, quantized={inputs.quantized}, "
-        f"outer_zero3_init={inputs.outer_zero3_init}, {inputs.sizes.describe()}"
+        f"outer_zero3_init={inputs.outer_zero3_init}, zero3_flat_partitions={inputs.zero3_flat_partitions}, "
+        f"{inputs.sizes.describe()}"
     )
 
 
@@ -360,6 +386,7 @@ def inputs_as_dict(inputs: LoadInputs) -> dict[str, object]:
         "zero3_enabled": inputs.zero3_enabled,
         "quantized": inputs.quantized,
         "outer_zero3_init": inputs.outer_zero3_init,
+        "zero3_flat_partitions": inputs.zero3_flat_partitions,
         "tp_size": sizes.tp,
         "ep_size": sizes.ep,
         "fsdp_size": sizes.fsdp,

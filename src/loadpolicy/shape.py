@@ -117,6 +117,8 @@ class LaunchShape:
         return LoadInputs(
             zero3_enabled=self.zero3,
             quantized=self.quantized,
+            # the harness launches ZeRO-3 configs that keep flat partitions (no hpZ, NVMe offload, quantized weights)
+            zero3_flat_partitions=self.zero3,
             sizes=self.parallel_sizes(),
             requested=self.requested,
         )

@@ -120,3 +120,15 @@ def test_examples(example: str, policy: str | None, capsys: pytest.CaptureFixtur
     else:
         assert code == 0
         assert out.startswith(f"policy: {policy}")
+
+
+@pytest.mark.parametrize(
+    ("zero", "branch"),
+    [({"stage": 3}, "zero3_read_partitions"), ({"stage": 3, "zero_hpz_partition_size": 2}, "zero3_gather_and_copy")],
+)
+def test_explain_dense_zero3_reads_partitions_unless_hpz(tmp_path: Path, zero: dict[str, object], branch: str) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": zero}), encoding="utf-8")
+    result = run("explain", "--deepspeed-config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["decisions"]["loading_branch"]["value"] == branch

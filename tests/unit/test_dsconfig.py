@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from loadpolicy.dsconfig import read_zero_stage, zero_stage_of
+from loadpolicy.dsconfig import keeps_flat_partitions, read_zero_stage, zero_stage_of
 from loadpolicy.policy import LoadPolicyError
 
 
@@ -43,3 +43,18 @@ def test_broken_json_says_where(tmp_path: Path) -> None:
     path.write_text('{"zero_optimization": {"stage": 3,}}', encoding="utf-8")
     with pytest.raises(LoadPolicyError, match=r"not valid JSON \(line 1, column"):
         read_zero_stage(path)
+
+
+@pytest.mark.parametrize(
+    ("zero", "flat"),
+    [
+        ({"stage": 3}, True),
+        ({"stage": 3, "zero_hpz_partition_size": 1, "offload_param": {"device": "cpu"}}, True),
+        ({"stage": 3, "offload_param": None}, True),
+        ({"stage": 3, "zero_hpz_partition_size": 8}, False),
+        ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local"}}, False),
+        ({"stage": 3, "zero_quantized_nontrainable_weights": True}, False),
+    ],
+)
+def test_flat_partitions_unless_deepspeed_keeps_another_copy_or_format(zero: dict[str, object], flat: bool) -> None:
+    assert keeps_flat_partitions({"zero_optimization": zero}) is flat

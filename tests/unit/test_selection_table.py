@@ -7,6 +7,8 @@ standard path at every gate (and admit the mesh-bound device_map).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from loadpolicy.policy import (
@@ -68,6 +70,8 @@ ZERO3 = decisions(
 )
 # Inside an outer zero.Init (`_is_ds_init_called`): nothing added at 3815, everything else as dense ZeRO-3.
 ZERO3_OUTER = ZERO3 | {"init_context": InitContext.OUTER_ZERO3_INIT}
+# Not stock (issue 18): dense ZeRO-3 where DeepSpeed keeps flat partitions: each rank reads its own from the files.
+ZERO3_READS = ZERO3 | {"loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS}
 # ZeRO-3 + quantized: meta + set_quantized_state (3827-3828), device_map still refused (136 has no quantized check),
 # and every `and not is_quantized` sends the rest down the standard path.
 ZERO3_QUANTIZED = STANDARD | {"init_context": InitContext.META_QUANTIZED, "device_map": DeviceMapRule.REFUSE}
@@ -100,7 +104,19 @@ SCENARIOS = [
         MetaShardOnRead(zero3_enabled=True, quantized=True),
         ZERO3_QUANTIZED,
     ),
-    ("ZeRO-3 dense", LoadInputs(zero3_enabled=True), Zero3Init(), ZERO3),
+    ("ZeRO-3 dense, hpZ / NVMe / quantized weights", LoadInputs(zero3_enabled=True), Zero3Init(), ZERO3),
+    (
+        "ZeRO-3 dense",
+        LoadInputs(zero3_enabled=True, zero3_flat_partitions=True),
+        Zero3Init(reads_partitions=True),
+        ZERO3_READS,
+    ),
+    (
+        "ZeRO-3 dense, outer zero.Init, flat partitions",
+        LoadInputs(zero3_enabled=True, outer_zero3_init=True, zero3_flat_partitions=True),
+        Zero3Init(under_outer_init=True),
+        ZERO3_OUTER,
+    ),
     (
         "ZeRO-3 nested",
         LoadInputs(zero3_enabled=True, outer_zero3_init=True),
@@ -145,13 +161,7 @@ def test_scenario_selects_variant_with_stock_decisions(
 
 def test_explicitly_requesting_the_default_changes_nothing() -> None:
     for _, inputs, variant, expected in SCENARIOS:
-        requested = LoadInputs(
-            zero3_enabled=inputs.zero3_enabled,
-            quantized=inputs.quantized,
-            outer_zero3_init=inputs.outer_zero3_init,
-            sizes=inputs.sizes,
-            requested=variant.name,  # type: ignore[attr-defined]
-        )
+        requested = dataclasses.replace(inputs, requested=variant.name)  # type: ignore[attr-defined]
         policy = select_load_policy(requested)
         assert policy == variant
         assert decision_table(policy) == expected

@@ -59,15 +59,17 @@ def test_the_module_the_upstream_stack_carries_decides_as_policy_py_for_every_in
     dispatch); as the stack leaves it, it must select and decide as `policy.py` does."""
     carried = _carried_upstream(tmp_path)
     compared = 0
-    for zero3, quantized, outer in itertools.product((False, True), repeat=3):
+    for zero3, quantized, outer, flat in itertools.product((False, True), repeat=4):
         for tp, ep, fsdp, pp, dp in itertools.product((1, 2, 4), (1, 2, 4), (1, 2), (1, 2), (1, 2)):
             sizes = {"tp": tp, "ep": ep, "fsdp": fsdp, "pp": pp, "dp_replicate": dp}
-            ours = policy.LoadInputs(zero3, quantized, outer, policy.ParallelSizes(**sizes))
-            theirs = carried.LoadInputs(zero3, quantized, outer, carried.ParallelSizes(**sizes))
+            flags = {"zero3_enabled": zero3, "quantized": quantized, "outer_zero3_init": outer}
+            flags["zero3_flat_partitions"] = flat
+            ours = policy.LoadInputs(**flags, sizes=policy.ParallelSizes(**sizes))  # type: ignore[arg-type]
+            theirs = carried.LoadInputs(**flags, sizes=carried.ParallelSizes(**sizes))
             expected = _outcome(policy, policy.LoadPolicyError, ours)
             assert _outcome(carried, carried.LoadPolicyError, theirs) == expected, (ours, expected)
             compared += 1
-    assert compared == 8 * 72
+    assert compared == 16 * 72
 
 
 def test_committed_series_lints_clean() -> None:
@@ -138,7 +140,7 @@ def test_lint_finds_a_pull_request_after_the_fork_only_patches(series_copy: Path
     assert "series: `# PR 2: ZeRO-3 loading errors raised on every rank` comes after a fork-only group" in " ".join(
         problems
     )
-    assert any("numbered [1, 3, 4, 5, 6, 7, 2]" in p for p in problems), problems
+    assert any("numbered [1, 3, 4, 5, 6, 7, 8, 2]" in p for p in problems), problems
 
 
 def test_lint_finds_a_patch_outside_any_group(series_copy: Path) -> None:
