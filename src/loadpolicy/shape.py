@@ -42,6 +42,9 @@ class LaunchShape:
     group: int | None = None
     requested: PolicyName | None = None
     quantized: bool = False
+    # ZeRO-3 keeps flat partitions (no hpZ, NVMe parameter offload, quantized weights) and transformers reads them;
+    # False: stock transformers, or such a DeepSpeed config: dense ZeRO-3 gathers and copies
+    flat_partitions: bool = True
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -117,8 +120,7 @@ class LaunchShape:
         return LoadInputs(
             zero3_enabled=self.zero3,
             quantized=self.quantized,
-            # the harness launches ZeRO-3 configs that keep flat partitions (no hpZ, NVMe offload, quantized weights)
-            zero3_flat_partitions=self.zero3,
+            zero3_flat_partitions=self.zero3 and self.flat_partitions,
             sizes=self.parallel_sizes(),
             requested=self.requested,
         )

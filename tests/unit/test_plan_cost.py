@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -22,9 +23,11 @@ def launch(
     requested: PolicyName | None = None,
     device: Device = Device.CPU,
     per_expert_keys: bool = True,
+    flat_partitions: bool = True,
 ) -> Launch:
     """A launch as a user writes it: `--ep E` is DistributedConfig(tp_size=E, ep_size=E) per replica."""
-    return Launch(LaunchShape.experts_over(ranks, ep, zero3=zero3, requested=requested), device, per_expert_keys)
+    shape = LaunchShape.experts_over(ranks, ep, zero3=zero3, requested=requested)
+    return Launch(dataclasses.replace(shape, flat_partitions=flat_partitions), device, per_expert_keys)
 
 
 # Two layers: attention split by TP (4 KiB each), a norm (100 B), fused experts (8 experts; 64 KiB gate_up, 32 KiB
@@ -64,7 +67,7 @@ def test_inventory_round_trips_through_json() -> None:
 
 
 def test_zero3_init_rank0_reads_everything_others_read_nothing() -> None:
-    plan = predict(launch(4, zero3=True), INVENTORY)
+    plan = predict(launch(4, zero3=True, flat_partitions=False), INVENTORY)
     rank0, rest = plan.ranks
     assert (rank0.read.nbytes, rest.read.nbytes) == (TOTAL, 0)
     assert rank0.peak_file.nbytes == TOTAL
@@ -76,15 +79,26 @@ def test_zero3_init_rank0_reads_everything_others_read_nothing() -> None:
 
 
 def test_zero3_init_on_gpu_puts_the_partition_on_the_device() -> None:
-    rank0, rest = predict(launch(4, zero3=True, device=Device.GPU), INVENTORY).ranks
+    rank0, rest = predict(launch(4, zero3=True, device=Device.GPU, flat_partitions=False), INVENTORY).ranks
     assert rest.peak_anon.nbytes == 0
     assert rest.peak_device.nbytes == TOTAL // 4 + 65536 + 32768
     assert rank0.peak_anon.nbytes == 2 * 65536  # only the host-side merge
 
 
 def test_fused_checkpoint_needs_no_merge() -> None:
-    rank0, rest = predict(launch(2, zero3=True, per_expert_keys=False), INVENTORY).ranks
+    rank0, rest = predict(launch(2, zero3=True, per_expert_keys=False, flat_partitions=False), INVENTORY).ranks
     assert rank0.peak_anon.nbytes == rest.peak_anon.nbytes
+
+
+def test_partition_reads_read_and_hold_one_wth_on_every_rank() -> None:
+    (cost,) = predict(launch(4, zero3=True), INVENTORY).ranks
+    assert cost.read.nbytes == cost.held.nbytes == cost.resident.nbytes == TOTAL // 4
+    assert cost.peak_file.nbytes == 0  # pread: nothing mapped
+    # zero.Init builds the largest module (one layer's experts) whole; reading one tensor's partition is smaller
+    assert cost.peak_anon.nbytes == TOTAL // 4 + 65536 + 32768
+    (gpu,) = predict(launch(4, zero3=True, device=Device.GPU), INVENTORY).ranks
+    assert gpu.peak_device.nbytes == TOTAL // 4 + 65536 + 32768
+    assert gpu.peak_anon.nbytes == 2 * (65536 // 4)  # the largest tensor's partition, read and concatenated
 
 
 def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
@@ -148,7 +162,8 @@ def test_the_policy_costed_is_the_selectors() -> None:
 
 
 def test_bench_cases_map_to_the_launch_they_run() -> None:
-    assert launch_for_case("Zero3Init (stock)", 2) == launch(2, zero3=True)
+    assert launch_for_case("Zero3Init (stock)", 2) == launch(2, zero3=True, flat_partitions=False)
+    assert launch_for_case("Zero3Init: partition reads", 2) == launch(2, zero3=True)
     assert launch_for_case("EPMeta: EP under ZeRO-3", 4).ep == 4
     assert launch_for_case("EPMeta: EP under ZeRO-3", 4).tp == 1  # dense weights are left to ZeRO-3
     plain_ep = launch(4, ep=4)  # DistributedConfig(tp_size=4, ep_size=4)
@@ -205,8 +220,10 @@ def test_projection_uses_the_launch_shapes_users_run() -> None:
     assert shapes["MetaShardOnRead (plain EP, tp = ep = R)"](8).tp == 8
     rows = project_inventory("toy", INVENTORY, (2, 4, 8))
     assert len(rows) == len(SHAPES) * 3
-    zero3 = {r.ranks: r for r in rows if r.policy == "Zero3Init"}
+    zero3 = {r.ranks: r for r in rows if r.policy == "Zero3Init (stock)"}
     assert zero3[8].read_gib == zero3[2].read_gib  # rank 0 reads the whole checkpoint at any scale
+    reads = {r.ranks: r for r in rows if r.policy == "Zero3Init: partition reads"}
+    assert reads[8].read_gib * 4 == reads[2].read_gib  # 1/R of it on every rank
     ep_meta = {r.ranks: r for r in rows if r.policy == "EPMeta (ep = R)"}
     assert ep_meta[8].read_gib < ep_meta[2].read_gib
 

@@ -110,6 +110,7 @@ def test_a_missing_figure_fails(field: str) -> None:
 def test_zero3_gathered_values_must_have_been_compared() -> None:
     run = Run(Scenario.MOE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
     result = good_ep_result(0) | {"policy": "Zero3Init", "partitioned": 10, "gathered_unequal": []}
+    result["loading_branch"] = "zero3_read_partitions"
     del result["experts"], result["dense_unequal"]
     assert _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)]).passed
     unequal = result | {"gathered_unequal": ["model.layers.0.mlp.experts.gate_up_proj"]}
@@ -119,6 +120,17 @@ def test_zero3_gathered_values_must_have_been_compared() -> None:
     outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
     assert not outcome.passed
     assert "no 'gathered_unequal'" in outcome.detail
+
+
+@pytest.mark.parametrize("branch", ["zero3_gather_and_copy", None])
+def test_patched_dense_zero3_must_have_read_partitions(branch: str | None) -> None:
+    run = Run(Scenario.DENSE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+    result = good_ep_result(0) | {"policy": "Zero3Init", "partitioned": 10, "gathered_unequal": []}
+    result["loading_branch"] = branch
+    del result["experts"], result["dense_unequal"]
+    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
+    assert not outcome.passed
+    assert f"loading branch {branch}, expected zero3_read_partitions" in outcome.detail
 
 
 def test_a_rank_without_result_fails() -> None:

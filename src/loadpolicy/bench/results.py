@@ -12,6 +12,7 @@ class LoadMeasurement(TypedDict):
 
     rank: int
     policy: str | None  # stock transformers has no `_load_policy`
+    loading_branch: str | None  # the policy's loader (gate 3), None on stock
     transformers_file: str
     unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
     seconds: float
@@ -26,7 +27,7 @@ class LoadMeasurement(TypedDict):
     held_file: int
     read_bytes: int  # read from storage, loading and touching together
     read_bytes_loading: int
-    rchar: int
+    rchar: int  # bytes this rank's read calls returned while loading (`pread` counts, memory-mapped pages do not)
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
 
 

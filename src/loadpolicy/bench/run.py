@@ -31,7 +31,7 @@ from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.policy import PolicyName
+from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
 
 
@@ -52,10 +52,13 @@ class Case:
     dense_only: bool = False
     # stock 5.23.0 for what stock does: the patched tree's loads add store exchanges (agreement, fail-together)
     tree: Tree = Tree.PATCHED
+    # the loader every rank must report, where the policy has more than one
+    branch: LoadingBranch | None = None
 
     def shape(self, ranks: int) -> LaunchShape:
         """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
-        return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested)
+        stock = self.tree is Tree.STOCK  # stock transformers gathers and copies
+        return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested, flat_partitions=not stock)
 
     def problems(self, results: list[LoadMeasurement], tree: Path) -> list[str]:
         """What makes a launch not this case: another policy, another tree, or (stock) parameters not partitioned."""
@@ -69,6 +72,12 @@ class Case:
             for r in results
             if not Path(r["transformers_file"]).is_relative_to(src)
         ]
+        if self.branch is not None:
+            problems += [
+                f"rank {r['rank']} loaded through {r['loading_branch']}, expected {self.branch.value}"
+                for r in results
+                if r["loading_branch"] != self.branch.value
+            ]
         if self.policy is PolicyName.ZERO3_INIT:
             problems += [
                 f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
@@ -81,6 +90,7 @@ class Case:
 _MSOR, _EP = PolicyName.META_SHARD_ON_READ, EPLayout.TP_EQUALS_EP
 CASES = (
     Case("Zero3Init (stock)", PolicyName.ZERO3_INIT, zero3=True, tree=Tree.STOCK),
+    Case("Zero3Init: partition reads", PolicyName.ZERO3_INIT, zero3=True, branch=LoadingBranch.ZERO3_READ_PARTITIONS),
     Case("MetaShardOnRead: plain EP", _MSOR, zero3=False, layout=_EP, moe_only=True),
     Case("MetaShardOnRead: dense ZeRO-3", _MSOR, zero3=True, requested=_MSOR, dense_only=True),
     Case("EPMeta: EP under ZeRO-3", PolicyName.EP_META, zero3=True, layout=_EP, moe_only=True),
@@ -115,6 +125,8 @@ class Row:
     held_gib: dict[str, float]  # resident after loading and touching every parameter
     load_peak_gib: dict[str, float]  # largest per-rank peak RSS sampled during from_pretrained only
     read_gib: dict[str, float]  # bytes read from storage, summed over ranks
+    read_rank_gib: dict[str, float]  # the most one rank read from storage
+    rchar_rank_gib: dict[str, float]  # the most one rank's read calls returned while loading
     ideal_gib: float  # largest per-rank (owned bytes + baseline RSS)
     peak_over_ideal: float
     owned_gib: float = 0.0  # largest per-rank bytes of the tensors it holds
@@ -149,6 +161,8 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         held_gib=per_repeat(lambda r: r["held_total"]),
         load_peak_gib=per_repeat(lambda r: r["peak_total"]),
         read_gib=per_repeat(lambda r: r["read_bytes"], sum),
+        read_rank_gib=per_repeat(lambda r: r["read_bytes"]),
+        rchar_rank_gib=per_repeat(lambda r: r["rchar"]),
         ideal_gib=ideal,
         peak_over_ideal=peak["median"] / ideal,
         owned_gib=max(r["owned_bytes"] for r in runs[0]) / GIB,
@@ -190,7 +204,23 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                     _row(model, params, case, ranks, runs)
                     if not error
                     else Row(
-                        model.name, params, case.label, ranks, 0, {}, {}, {}, {}, {}, {}, {}, 0.0, 0.0, error=error
+                        model.name,
+                        params,
+                        case.label,
+                        ranks,
+                        0,
+                        {},
+                        {},
+                        {},
+                        {},
+                        {},
+                        {},
+                        {},
+                        {},
+                        {},
+                        0.0,
+                        0.0,
+                        error=error,
                     )
                 )
                 rows.append(row)
@@ -203,7 +233,8 @@ def render_table(rows: list[Row], header: bool = True) -> str:
     if header:
         lines.append(
             f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'peak GiB/rank':>22} "
-            f"{'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'ideal':>6} {'peak/ideal':>10}"
+            f"{'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'read/rank':>9} {'rchar/rank':>10} "
+            f"{'ideal':>6} {'peak/ideal':>10}"
         )
     for r in rows:
         if r.error:
@@ -215,7 +246,8 @@ def render_table(rows: list[Row], header: bool = True) -> str:
             f"{p['median']:>9.2f} ({p['min']:.2f}-{p['max']:.2f}) "
             f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} "
             f"{r.load_peak_gib['median']:>7.2f} {r.held_gib['median']:>7.2f} "
-            f"{r.read_gib['median']:>8.2f} {r.ideal_gib:>6.2f} {r.peak_over_ideal:>10.2f}"
+            f"{r.read_gib['median']:>8.2f} {r.read_rank_gib['median']:>9.2f} {r.rchar_rank_gib['median']:>10.2f} "
+            f"{r.ideal_gib:>6.2f} {r.peak_over_ideal:>10.2f}"
         )
     return "\n".join(lines)
 

@@ -90,6 +90,7 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
     result: LoadMeasurement = {
         "rank": rank,
         "policy": None if policy is None else type(policy).__name__,
+        "loading_branch": None if policy is None else policy.loading_branch.value,
         "transformers_file": transformers.__file__,
         "unpartitioned": sum(not hasattr(p, "ds_id") for p in model.parameters()),
         "seconds": seconds,

@@ -20,6 +20,8 @@ class ExpertSlice(TypedDict):
 class LoadCheck(TypedDict, total=False):
     # the policy `from_pretrained` selected (None on stock, which has no `_load_policy`)
     policy: str | None
+    # the policy's loading branch (gate 3) as its value, None on stock
+    loading_branch: str | None
     missing_keys: list[str]
     unexpected_keys: list[str]
     mismatched_keys: list[str]

@@ -12,7 +12,7 @@ from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages,
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.matrix.results import LoadCheck, RankReport
 from loadpolicy.matrix.scenarios import SCENARIOS, Run
-from loadpolicy.policy import PolicyName
+from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.checkpoints import build_checkpoint, build_references
@@ -161,6 +161,10 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
     if run.spec.bnb_8bit and not (result.get("quantized_8bit", 0) > 0):
         problems.append("no parameter was quantized to 8 bits")
     if run.spec.patched_policy is PolicyName.ZERO3_INIT:
+        # The patched tree reads each rank's partitions (issue 18); stock gathers and copies
+        branch = LoadingBranch.ZERO3_READ_PARTITIONS.value if run.tree is Tree.PATCHED else None
+        if result.get("loading_branch") != branch:
+            problems.append(f"loading branch {result.get('loading_branch')}, expected {branch}")
         if result["partitioned"] != result["parameters"]:
             problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
         problems += _unequal_problems(result, "gathered_unequal", "gathered values")

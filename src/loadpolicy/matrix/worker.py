@@ -68,6 +68,7 @@ def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: di
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     result: LoadCheck = {
         "policy": None if policy is None else type(policy).__name__,
+        "loading_branch": None if policy is None else policy.loading_branch.value,
         "missing_keys": sorted(info["missing_keys"]),
         "unexpected_keys": sorted(info["unexpected_keys"]),
         "mismatched_keys": sorted(str(k) for k in info["mismatched_keys"]),

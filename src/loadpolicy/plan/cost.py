@@ -5,7 +5,9 @@ Each figure follows what transformers 5.23.0 (and the series) do while loading, 
 - Zero3Init: the model is built under `zero.Init`, so each rank holds a 1/W partition of every tensor from the start;
   rank 0 alone maps the whole checkpoint (`map_location="cpu"`, the others read only headers), merges one converted
   group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
-  whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in.
+  whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
+  (issue 18) no rank maps anything: each reads with `pread` only its 1/W of every tensor into a buffer and copies it
+  into its partition; `zero.Init` still builds each module whole (and broadcasts rank 0's copy) before partitioning it.
 - MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
   the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
   per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
@@ -22,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from loadpolicy.plan.inventory import Inventory, TensorEntry
-from loadpolicy.policy import DenseWeights, LoadPolicyError, PolicyName
+from loadpolicy.policy import DenseWeights, LoadingBranch, LoadPolicyError, PolicyName
 from loadpolicy.shape import LaunchShape
 
 
@@ -185,6 +187,30 @@ def _zero3_init(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
     return rank0, rest
 
 
+def _read_partitions(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
+    total, world = inventory.total_bytes, launch.ranks
+    partition = total // world
+    built, module = _largest_module(inventory)
+    largest = max(inventory.entries, key=lambda e: e.nbytes)
+    # One tensor's partition read into pieces, concatenated, then copied into the partition
+    buffer = 2 * (largest.nbytes // world)
+    held = Figure(partition, f"1/{world} ZeRO-3 partition of all {_gib(total)}")
+    build = f"zero.Init builds the largest module whole before partitioning it ({module}: {_gib(built)})"
+    read_why = f"reading one tensor's partition: 2 x 1/{world} of {largest.name} ({_gib(buffer)})"
+    if launch.device is Device.GPU:
+        anon = Figure(buffer, read_why)
+        device = Figure(partition + built, f"{held.why}; {build}")
+        resident = Figure(0, "nothing on the host")
+    else:
+        transient = max(built, buffer)
+        anon = Figure(partition + transient, f"{held.why}; " + (build if built >= buffer else read_why))
+        device = Figure(0, "no device on a CPU launch")
+        resident = Figure(partition, "the partition")
+    read = Figure(partition, f"its 1/{world} of every tensor (pread: whole rows at most at the two ends)")
+    nothing_mapped = Figure(0, "nothing mapped: pread copies only the requested bytes")
+    return (RankCost("all", read, anon, nothing_mapped, device, held, resident, held),)
+
+
 def _shard_on_read(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
     owned = sum(_local(e, launch) for e in inventory.entries)
     experts = sum(_local(e, launch) for e in inventory.entries if e.expert)
@@ -225,7 +251,12 @@ def _copied(entry: TensorEntry, launch: Launch) -> bool:
 def predict(launch: Launch, inventory: Inventory) -> Plan:
     """Per-rank figures for loading `inventory` with `launch`: read, peaks, held, with the reason for each."""
     check_launch(launch, inventory)
-    ranks = (
-        _zero3_init(launch, inventory) if launch.policy is PolicyName.ZERO3_INIT else _shard_on_read(launch, inventory)
-    )
-    return Plan(launch, inventory, ranks)
+    cost_of = _COST_OF_BRANCH[launch.shape.selected().loading_branch]
+    return Plan(launch, inventory, cost_of(launch, inventory))
+
+
+_COST_OF_BRANCH = {
+    LoadingBranch.ZERO3_GATHER_AND_COPY: _zero3_init,
+    LoadingBranch.ZERO3_READ_PARTITIONS: _read_partitions,
+    LoadingBranch.SHARD_ON_READ: _shard_on_read,
+}

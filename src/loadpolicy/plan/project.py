@@ -40,6 +40,10 @@ class ProjectionRow:
 
 
 def _zero3_init(ranks: int) -> Launch:
+    return Launch(LaunchShape(ranks, zero3=True, flat_partitions=False), Device.GPU)
+
+
+def _partition_reads(ranks: int) -> Launch:
     return Launch(LaunchShape(ranks, zero3=True), Device.GPU)
 
 
@@ -57,7 +61,8 @@ def _ep_meta_world(ranks: int) -> Launch:
 
 # (label, launch shape at R ranks): the shapes users run.
 SHAPES: tuple[tuple[str, Callable[[int], Launch]], ...] = (
-    ("Zero3Init", _zero3_init),
+    ("Zero3Init (stock)", _zero3_init),
+    ("Zero3Init: partition reads", _partition_reads),
     ("MetaShardOnRead (plain EP, tp = ep = R)", _plain_ep),
     (f"EPMeta (ep = min(R, {GPUS_PER_NODE}), dp = R / ep)", _ep_meta_node),
     ("EPMeta (ep = R)", _ep_meta_world),
