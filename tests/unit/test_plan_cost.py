@@ -234,3 +234,12 @@ def test_token_dispatch_loads_as_the_shape_that_shares_batches() -> None:
     shared = Launch(LaunchShape.experts_over(8, 4, zero3=True), device=Device.GPU)
     assert (dispatch.policy, dispatch.ep, dispatch.tp, dispatch.dp) == (PolicyName.EP_META, 4, 1, 2)
     assert predict(dispatch, INVENTORY).ranks == predict(shared, INVENTORY).ranks
+
+
+def test_projection_counts_rank_0s_node_and_the_80_gb_gpu() -> None:
+    rows = {(r.policy, r.ranks): r for r in project_inventory("toy", INVENTORY, (4,))}
+    stock, reads = rows[("Zero3Init (stock)", 4)], rows[("Zero3Init: partition reads", 4)]
+    # stock: rank 0 maps the whole checkpoint, counted once for the node; partition reads map nothing
+    assert stock.peak_node_host_gib > TOTAL / GIB
+    assert reads.peak_node_host_gib == 4 * reads.peak_host_gib
+    assert reads.fits_80gb_gpu

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy.plan.configs import published_config
-from loadpolicy.plan.cost import Device, Launch, predict
+from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
 from loadpolicy.shape import LaunchShape
 
@@ -37,6 +37,14 @@ class ProjectionRow:
     peak_device_gib: float
     held_gib: float
     held_after_deepspeed_gib: float | None
+    # the host of rank 0 (its min(R, GPUS_PER_NODE) ranks): their anonymous memory, plus the checkpoint pages they
+    # map, counted once (the page cache is shared) and at most the checkpoint
+    peak_node_host_gib: float = 0.0
+
+    @property
+    def fits_80gb_gpu(self) -> bool:
+        """The peak on the device within an 80 GB GPU (74.5 GiB)."""
+        return self.peak_device_gib <= 80e9 / GIB
 
 
 def _zero3_init(ranks: int) -> Launch:
@@ -75,6 +83,7 @@ def project_inventory(name: str, inventory: Inventory, ranks: tuple[int, ...]) -
         for count in ranks:
             plan = predict(launch_for(count), inventory)
             cost = plan.bottleneck()
+            node = _node_host_bytes(plan, min(count, GPUS_PER_NODE), inventory.total_bytes)
             after = cost.held_after_deepspeed
             rows.append(
                 ProjectionRow(
@@ -91,9 +100,22 @@ def project_inventory(name: str, inventory: Inventory, ranks: tuple[int, ...]) -
                     peak_device_gib=cost.peak_device.nbytes / GIB,
                     held_gib=cost.held.nbytes / GIB,
                     held_after_deepspeed_gib=None if after is None else after.nbytes / GIB,
+                    peak_node_host_gib=node / GIB,
                 )
             )
     return rows
+
+
+def _node_host_bytes(plan: Plan, node_ranks: int, checkpoint: int) -> int:
+    """Host peak of the node that holds rank 0: its ranks' anonymous peaks, and their mapped pages once."""
+    by_class = {cost.ranks: cost for cost in plan.ranks}
+    if "all" in by_class:
+        members = [by_class["all"]] * node_ranks
+    else:  # rank 0 and the class of the others
+        rest = next(cost for name, cost in by_class.items() if name != "0")
+        members = [by_class["0"], *[rest] * (node_ranks - 1)]
+    anonymous = sum(cost.peak_anon.nbytes for cost in members)
+    return anonymous + min(checkpoint, sum(cost.peak_file.nbytes for cost in members))
 
 
 def project(models: tuple[str, ...], ranks: tuple[int, ...]) -> list[ProjectionRow]:
@@ -106,15 +128,16 @@ def project(models: tuple[str, ...], ranks: tuple[int, ...]) -> list[ProjectionR
 def render_projection(rows: list[ProjectionRow]) -> str:
     lines = [
         "| model | policy | ranks | ep x tp | bottleneck rank | reads GiB | peak host GiB (file-backed) "
-        "| peak GPU GiB | held GiB | after deepspeed.initialize GiB |",
-        "|---|---|---:|---|---|---:|---:|---:|---:|---:|",
+        "| peak host GiB, rank 0's node | peak GPU GiB | fits an 80 GB GPU | held GiB "
+        "| after deepspeed.initialize GiB |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         after = "-" if r.held_after_deepspeed_gib is None else f"{r.held_after_deepspeed_gib:.2f}"
         lines.append(
             f"| {r.model} ({r.parameters / 1e9:.0f}B) | {r.policy} | {r.ranks} | {r.ep} x {r.tp} | {r.bottleneck} "
-            f"| {r.read_gib:.1f} | {r.peak_host_gib:.1f} ({r.peak_host_file_gib:.1f}) | {r.peak_device_gib:.1f} "
-            f"| {r.held_gib:.1f} | {after} |"
+            f"| {r.read_gib:.1f} | {r.peak_host_gib:.1f} ({r.peak_host_file_gib:.1f}) | {r.peak_node_host_gib:.1f} "
+            f"| {r.peak_device_gib:.1f} | {'yes' if r.fits_80gb_gpu else 'no'} | {r.held_gib:.1f} | {after} |"
         )
     return "\n".join(lines)
 

@@ -108,6 +108,12 @@ DISPATCH = Check(
     "parity: qwen3_moe, DeepSpeed SGD x2, token dispatch",
     parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True),
 )
+MOE_ZERO3 = Check(
+    "matrix: MoE ZeRO-3 (conversions), torchrun x2", run=Run(Scenario.MOE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+)
+DENSE_ZERO3 = Check(
+    "matrix: dense ZeRO-3, torchrun x2", run=Run(Scenario.DENSE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+)
 EXPORT = Check(
     "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
     parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
@@ -271,6 +277,42 @@ MUTATIONS = (
         "    @fail_together\n",
         "",
         _fault("truncated safetensors, one rank's view"),
+    ),
+    Mutation(
+        "zero3-reads-partitions-off",
+        "dense ZeRO-3 with flat partitions reads each rank's partitions",
+        Target.POLICY,
+        "policy.py",
+        "return Zero3Init(reads_partitions=True), reason",
+        "return Zero3Init(), reason",
+        UNITS,
+    ),
+    Mutation(
+        "partition-reads-fall-back",
+        "the patched tree loads dense ZeRO-3 by partition reads, not silently by gather-and-copy",
+        Target.TREE,
+        "integrations/load_policy.py",
+        "return Zero3Init(reads_partitions=True), reason",
+        "return Zero3Init(), reason",
+        DENSE_ZERO3,
+    ),
+    Mutation(
+        "partition-read-neighbour-range",
+        "each rank reads its own flat range of every parameter (DeepSpeed's partition layout)",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "start = group_rank * partition_numel",
+        "start = (group_rank + 1) % group_size * partition_numel",
+        MOE_ZERO3,
+    ),
+    Mutation(
+        "partition-read-concatenates-on-dim-0",
+        "a converter's concatenation is read along its own dimension (gate and up into gate_up_proj on dim 1)",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "tensors = {op.get_target_pattern(mapping.target_patterns): _Concatenated(parts, op.dim)}",
+        "tensors = {op.get_target_pattern(mapping.target_patterns): _Concatenated(parts, 0)}",
+        MOE_ZERO3,
     ),
     Mutation(
         "missing-expert-unnamed",
