@@ -243,3 +243,15 @@ def test_projection_counts_rank_0s_node_and_the_80_gb_gpu() -> None:
     assert stock.peak_node_host_gib > TOTAL / GIB
     assert reads.peak_node_host_gib == 4 * reads.peak_host_gib
     assert reads.fits_80gb_gpu
+
+
+def test_plan_launch_reads_partitions_unless_asked_to_gather_and_copy() -> None:
+    import argparse
+
+    from loadpolicy.plan.command import launch_shape
+
+    args = {"policy": "Zero3Init", "zero3": False, "dispatch": False, "ranks": 4, "ep": 1}
+    reads = launch_shape(argparse.Namespace(**args, gather_and_copy=False))
+    stock = launch_shape(argparse.Namespace(**args, gather_and_copy=True))
+    assert predict(Launch(reads), INVENTORY).ranks[0].read.nbytes == TOTAL // 4
+    assert [cost.ranks for cost in predict(Launch(stock), INVENTORY).ranks] == ["0", "1-3"]

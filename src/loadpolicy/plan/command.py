@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -60,8 +61,10 @@ def launch_shape(args: argparse.Namespace) -> LaunchShape:
     requested = parse_policy_name(args.policy) if args.policy else None
     zero3 = args.zero3 or requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META)
     if args.dispatch and args.ep > 1:
-        return LaunchShape.dispatching(args.ranks, args.ep, zero3=zero3, requested=requested)
-    return LaunchShape.experts_over(args.ranks, args.ep, zero3=zero3, requested=requested)
+        shape = LaunchShape.dispatching(args.ranks, args.ep, zero3=zero3, requested=requested)
+    else:
+        shape = LaunchShape.experts_over(args.ranks, args.ep, zero3=zero3, requested=requested)
+    return dataclasses.replace(shape, flat_partitions=not args.gather_and_copy)
 
 
 def _run_launch(args: argparse.Namespace) -> str:
@@ -119,6 +122,12 @@ def add_parser(subparsers: Any) -> None:
     )
     launch.add_argument(
         "--zero3", action="store_true", help="a ZeRO-3 config is active (implied by Zero3Init, EPMeta)"
+    )
+    launch.add_argument(
+        "--gather-and-copy",
+        action="store_true",
+        help="dense ZeRO-3 as stock transformers loads it, or as a DeepSpeed config with hpZ, NVMe parameter offload "
+        "or quantized weights makes it load (default: every rank reads its own partitions)",
     )
     launch.add_argument("--device", choices=[d.value for d in Device], default=Device.GPU.value)
     launch.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
