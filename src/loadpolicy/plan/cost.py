@@ -6,8 +6,8 @@ Each figure follows what transformers 5.23.0 (and the series) do while loading, 
   rank 0 alone maps the whole checkpoint (`map_location="cpu"`, the others read only headers), merges one converted
   group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
   whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
-  (issue 18) no rank maps anything: each reads with `pread` only its 1/W of every tensor into a buffer and copies it
-  into its partition; `zero.Init` still builds each module whole (and broadcasts rank 0's copy) before partitioning it.
+  (issue 18) no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
+  `zero.Init` still builds each module whole (and broadcasts rank 0's copy) before partitioning it.
 - MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
   the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
   per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
@@ -192,22 +192,20 @@ def _read_partitions(launch: Launch, inventory: Inventory) -> tuple[RankCost, ..
     partition = total // world
     built, module = _largest_module(inventory)
     largest = max(inventory.entries, key=lambda e: e.nbytes)
-    # One tensor's partition read into pieces, concatenated, then copied into the partition
-    buffer = 2 * (largest.nbytes // world)
     held = Figure(partition, f"1/{world} ZeRO-3 partition of all {_gib(total)}")
     build = f"zero.Init builds the largest module whole before partitioning it ({module}: {_gib(built)})"
-    read_why = f"reading one tensor's partition: 2 x 1/{world} of {largest.name} ({_gib(buffer)})"
     if launch.device is Device.GPU:
-        anon = Figure(buffer, read_why)
+        # a range is read into a host tensor, then copied to the device partition
+        anon = Figure(largest.nbytes // world, f"reading 1/{world} of {largest.name} on the host")
         device = Figure(partition + built, f"{held.why}; {build}")
         resident = Figure(0, "nothing on the host")
     else:
-        transient = max(built, buffer)
-        anon = Figure(partition + transient, f"{held.why}; " + (build if built >= buffer else read_why))
+        # ranges are read straight into the partition: no buffer beside it
+        anon = Figure(partition + built, f"{held.why}; {build}")
         device = Figure(0, "no device on a CPU launch")
         resident = Figure(partition, "the partition")
-    read = Figure(partition, f"its 1/{world} of every tensor (pread: whole rows at most at the two ends)")
-    nothing_mapped = Figure(0, "nothing mapped: pread copies only the requested bytes")
+    read = Figure(partition, f"its 1/{world} of every tensor, each range one read of exactly its bytes")
+    nothing_mapped = Figure(0, "nothing mapped: ranges are read, not memory-mapped")
     return (RankCost("all", read, anon, nothing_mapped, device, held, resident, held),)
 
 
