@@ -128,13 +128,16 @@ def test_in_tree_tests_skip_cleanly_without_deepspeed(patched: Path, tmp_path: P
     """The series' tests live in transformers' `tests/deepspeed/` and skip, not fail, where DeepSpeed is absent."""
     (tmp_path / "sitecustomize.py").write_text(_NO_DEEPSPEED, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(patched / "src")]), "RUN_SLOW": "1"}
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--rootdir", str(patched)]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rs", "--rootdir", str(patched)]
     command += ["-c", str(patched / "pyproject.toml"), str(patched / "tests" / "deepspeed")]
     done = subprocess.run(command, cwd=patched, env=env, capture_output=True, text=True, timeout=300)
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " skipped" in summary, summary
-    assert not any(word in summary for word in ("passed", "failed", "error")), summary
+    assert not any(word in summary for word in ("failed", "error")), summary
+    # Only PR 8's range readers run without DeepSpeed: they compare reads of a safetensors file with torch
+    passed = [line.split()[0] for line in done.stdout.splitlines() if " PASSED" in line]
+    assert all("::RangeReadersTest::" in test for test in passed), passed
 
 
 def test_the_fork_carries_the_module_generated_from_policy_py(patched: Path) -> None:
