@@ -49,14 +49,23 @@ class RunOutcome:
         return self.launch_error is None and all(arch.passed for arch in self.archs)
 
 
-def launch(run: Run, trees: dict[Tree, Path], checkpoints: Path, out: Path, timeout: float) -> RunOutcome:
+def launch(
+    run: Run,
+    trees: dict[Tree, Path],
+    checkpoints: Path,
+    out: Path,
+    timeout: float,
+    model_classes: dict[str, str] | None = None,
+) -> RunOutcome:
+    """`model_classes`: the class of each generated architecture (the others are in ARCHITECTURES)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = run.spec
+    classes = {name: arch.model_class for name, arch in ARCHITECTURES.items()} | (model_classes or {})
     cases = [
         {
             "arch": a,
             "checkpoint": str(checkpoints / a),
-            "model_class": ARCHITECTURES[a].model_class,
+            "model_class": classes[a],
             "reference": str(reference_path(checkpoints, a, spec.bnb_8bit)),
         }
         for a in spec.archs

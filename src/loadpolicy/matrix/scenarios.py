@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -105,10 +106,13 @@ class Run:
     tree: Tree
     launcher: Launcher
     ranks: int
+    # the architectures to load instead of the scenario's own (`validate --architectures all`)
+    archs: tuple[str, ...] | None = None
 
     @property
     def spec(self) -> ScenarioSpec:
-        return SCENARIOS[self.scenario]
+        spec = SCENARIOS[self.scenario]
+        return spec if self.archs is None else dataclasses.replace(spec, archs=self.archs)
 
     @property
     def shape(self) -> LaunchShape:

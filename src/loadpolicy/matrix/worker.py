@@ -14,6 +14,7 @@ from typing import Any
 
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.matrix.results import ExpertSlice, LoadCheck
+from loadpolicy.tinymodels.generate import model_output
 from loadpolicy.tinymodels.reference import input_ids, load_reference
 
 
@@ -87,7 +88,7 @@ def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: di
         with deepspeed.zero.GatheredParameters(list(model.parameters())):
             unequal = [n for n, p in model.named_parameters() if not _equal(p.data, params.get(n))]
             with torch.no_grad():
-                logits = model(input_ids=ids).logits.cpu()
+                logits = model_output(model(input_ids=ids)).cpu()
         result["gathered_unequal"] = unequal
     else:
         experts: dict[str, ExpertSlice] = {}
@@ -104,7 +105,7 @@ def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: di
         result["experts"] = experts
         result["dense_unequal"] = dense_unequal
         with torch.no_grad():
-            logits = _local(model(input_ids=ids).logits).cpu()
+            logits = _local(model_output(model(input_ids=ids))).cpu()
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
     return result
 

@@ -28,13 +28,27 @@ def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
     return path
 
 
-def build_references(cases: set[tuple[str, bool]], checkpoints: Path, stock: Path, timeout: float) -> None:
-    """Load every (arch, bnb_8bit) in one process on the stock tree and save its logits and parameters."""
+def build_references(
+    cases: set[tuple[str, bool]],
+    checkpoints: Path,
+    stock: Path,
+    timeout: float,
+    model_classes: dict[str, str] | None = None,
+) -> None:
+    """Load every (arch, bnb_8bit) in one process on the stock tree and save its logits and parameters.
+
+    `model_classes` names the class of generated architectures (`generate.py`); the others are in ARCHITECTURES."""
+    classes = {name: arch.model_class for name, arch in ARCHITECTURES.items()} | (model_classes or {})
     references = reference_path(checkpoints, "", bnb_8bit=False).parent
     references.mkdir(parents=True, exist_ok=True)
     spec = {
         "cases": [
-            {"arch": arch, "bnb_8bit": bnb, "out": str(reference_path(checkpoints, arch, bnb))}
+            {
+                "arch": arch,
+                "bnb_8bit": bnb,
+                "model_class": classes[arch],
+                "out": str(reference_path(checkpoints, arch, bnb)),
+            }
             for arch, bnb in sorted(cases)
         ],
         "checkpoints": str(checkpoints.resolve()),

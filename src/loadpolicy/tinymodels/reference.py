@@ -33,19 +33,19 @@ def input_ids() -> Any:
     return torch.arange(12).reshape(2, 6) % 64
 
 
-def _load_one(checkpoints: Path, arch: str, bnb_8bit: bool) -> dict[str, Any]:
+def _load_one(checkpoints: Path, arch: str, bnb_8bit: bool, model_class_name: str) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    from loadpolicy.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
+    from loadpolicy.tinymodels.generate import model_output  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if bnb_8bit:
         kwargs["quantization_config"] = transformers.BitsAndBytesConfig(load_in_8bit=True)
-    model_class = getattr(transformers, ARCHITECTURES[arch].model_class)
+    model_class = getattr(transformers, model_class_name)
     model = model_class.from_pretrained(checkpoints / arch, **kwargs)
     with torch.no_grad():
-        logits = model(input_ids=input_ids()).logits
+        logits = model_output(model(input_ids=input_ids()))
     # .data: a plain tensor also for bitsandbytes' Int8Params, so the file loads with weights_only=True
     params = {n: p.data.detach().cpu().clone() for n, p in model.named_parameters()}
     return {"logits": logits, "params": params, "transformers_file": transformers.__file__}
@@ -57,7 +57,8 @@ def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     for case in spec["cases"]:
         torch.manual_seed(0)
-        torch.save(_load_one(Path(spec["checkpoints"]), case["arch"], case["bnb_8bit"]), case["out"])
+        loaded = _load_one(Path(spec["checkpoints"]), case["arch"], case["bnb_8bit"], case["model_class"])
+        torch.save(loaded, case["out"])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_ar
 from loadpolicy.matrix.runner import RunOutcome, launch, prepare_matrix
 from loadpolicy.matrix.scenarios import fast_matrix, full_matrix
 from loadpolicy.parity.run import ParityCase, Trainer, run_parity
+from loadpolicy.validate.architectures import run_architectures
 from loadpolicy.validate.report import (
     ValidationResults,
     render_faults,
@@ -159,12 +160,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--fast", action="store_true", help="every scenario once at 2 ranks (the CI subset)")
     size.add_argument("--sweep", action="store_true", help="every training-parity case (the long sweep)")
+    size.add_argument(
+        "--architectures",
+        nargs="+",
+        metavar="MODEL_TYPE",
+        help="every EP-capable model type of the pinned release generated tiny ('all'), or the ones named",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/validate"), help="work and report directory")
     add_launch_arguments(parser, timeout=180.0)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> str:
+    if args.architectures:
+        only = [] if args.architectures == ["all"] else args.architectures
+        if run_architectures(args.out, args.patches, args.cache, timeout=args.timeout, only=only):
+            raise ValidationFailedError(
+                "some model types that plain EP loads on stock fail under ZeRO-3: see the table"
+            )
+        return "every model type that plain EP loads on stock loads under ZeRO-3 on the patched tree"
     command = "loadpolicy validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
     code = validate(
         args.out, args.patches, args.cache, fast=args.fast, sweep=args.sweep, timeout=args.timeout, command=command
