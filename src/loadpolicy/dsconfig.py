@@ -33,7 +33,7 @@ def zero_stage_of(config: object, source: str = "DeepSpeed config") -> int:
 def keeps_flat_partitions(config: dict[str, object]) -> bool:
     """Whether ZeRO-3 keeps each rank's share of a parameter as one flat slice in `ds_tensor`, and nothing else.
 
-    Mirrors transformers' `zero3_keeps_flat_partitions` (patch 0021): hpZ (`zero_hpz_partition_size > 1`) also keeps
+    Mirrors transformers' `zero3_keeps_flat_partitions` (patch 0022): hpZ (`zero_hpz_partition_size > 1`) also keeps
     a secondary partition, NVMe parameter offload keeps the partition in a swap file, and quantized non-trainable
     weights store it quantized. Partition reads write only the flat slice, so those configs gather and copy.
     """

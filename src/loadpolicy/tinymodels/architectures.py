@@ -24,12 +24,19 @@ class Architecture:
     model_class: str
     config: dict[str, Any]
     moe: bool = True
+    # the config class's own defaults shrunk by `generate.shrink` (then `config` on top), not written out here
+    generated: bool = False
 
     def transformers_config(self, **overrides: Any) -> Any:
         """The model's transformers config object (needs the `live` extra)."""
         import transformers  # noqa: PLC0415  # the `live` extra
 
-        return getattr(transformers, self.config_class)(**(self.config | overrides))
+        config_class = getattr(transformers, self.config_class)
+        if not self.generated:
+            return config_class(**(self.config | overrides))
+        from loadpolicy.tinymodels.generate import shrink  # noqa: PLC0415  # generate imports this module
+
+        return config_class.from_dict(shrink(config_class().to_dict()) | self.config | overrides)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -135,6 +142,9 @@ ARCHITECTURES: dict[str, Architecture] = {
                 },
             },
         ),
+        # Its EP plan also shards the dense `mlp` beside the experts (`colwise`/`rowwise`): EP under ZeRO-3 must leave
+        # that MLP whole to ZeRO-3 (patch 0012). Generated from Gemma4TextConfig's defaults, MoE block switched on.
+        Architecture("gemma4_text", "Gemma4TextConfig", "Gemma4ForCausalLM", {}, generated=True),
         Architecture(
             "llama",
             "LlamaConfig",

@@ -91,6 +91,21 @@ _VISION = {
     "num_layers": 1,
 }
 _NONE_MEANS_OFF = ("q_lora_rank", "sliding_window", "sliding_window_size", "o_lora_rank")
+# Fields a config class leaves None by default although its model reads them (a real checkpoint's config sets them):
+# without these its default config builds no model on stock 5.23.0 either. Keyed by the (sub-)config's model_type;
+# where the model reads each one is in docs/architectures.md.
+_UNSET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # modeling_lfm2_moe.py:472
+    "qwen4_exp_text": {  # modeling_qwen4_exp.py:679-681
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 256,  # the rotary dimension must fit in it
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 2,
+    },
+    "deepseek_ocr2_text": {"mlp_layer_types": ["sparse", "sparse"]},  # modeling_deepseek_ocr2.py:1249
+    "step3p5": {"sliding_window": 8},  # masking_utils.py:1206
+}
 MAX_PARAMETERS = 20_000_000
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id")
 
@@ -169,6 +184,7 @@ def _fit_token_ids(out: dict[str, Any]) -> None:
 
 def shrink(config: dict[str, Any], *, layers: int = 2, is_sub_config: bool = False) -> dict[str, Any]:
     """The default config `config` (a `to_dict()`) with every field that sizes the model made tiny."""
+    config = config | _UNSET_DEFAULTS.get(config.get("model_type", ""), {})
     old_layers = config.get("num_hidden_layers")
     new_layers = _tiny_layer_count(config, layers)
     slides = _slides(config)
@@ -232,12 +248,17 @@ def ep_capable_model_types() -> dict[str, str]:
 
 
 def model_class_for(model_type: str) -> str | None:
-    """The class users load a checkpoint of `model_type` with: a causal LM, an image-text model, else the base."""
+    """The class users load a checkpoint of `model_type` with: a causal LM (an image-text model first for composite
+    configs, whose causal LM class may be the text model alone), else the base model."""
+    import transformers  # noqa: PLC0415
     from transformers.models.auto import modeling_auto  # noqa: PLC0415
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: PLC0415
 
+    causal, image_text = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"
+    config_class = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    composite = "text_config" in (getattr(config_class, "sub_configs", None) or {})
     for mapping in (
-        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+        *((image_text, causal) if composite else (causal, image_text)),
         "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
         "MODEL_MAPPING_NAMES",
     ):

@@ -135,6 +135,15 @@ def _fault(name: str) -> Check:
 
 MUTATIONS = (
     Mutation(
+        "ep-plan-shards-dense-mlp",
+        "EPMeta leaves the dense modules an EP plan shards to ZeRO-3 (gemma4's mlp)",
+        Target.TREE,
+        "distributed/mixin.py",
+        'if style in ("grouped_gemm", "ep_dispatch_experts")',
+        "",
+        EP_LOAD,
+    ),
+    Mutation(
         "epmeta-refuses-device-map",
         "EPMeta admits the mesh-bound device_map",
         Target.POLICY,
