@@ -105,6 +105,11 @@ _UNSET_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "deepseek_ocr2_text": {"mlp_layer_types": ["sparse", "sparse"]},  # modeling_deepseek_ocr2.py:1249
     "step3p5": {"sliding_window": 8},  # masking_utils.py:1206
+    # no head_dim: hidden_size // num_attention_heads = 4096 // 96 is not its rotary head (modeling_glm4v_moe.py:116)
+    "glm4v_moe_text": {"head_dim": 128},
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 16},  # read as an attribute, never set
+    # every default layer is a Mamba layer, and a forward with a cache of Mamba layers only fails (cache_utils.py:1723)
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
 }
 MAX_PARAMETERS = 20_000_000
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id")
@@ -202,6 +207,7 @@ def shrink(config: dict[str, Any], *, layers: int = 2, is_sub_config: bool = Fal
         for key, values in _layer_lists(config, old_layers).items():
             out[key] = values[:new_layers]
     _fit_token_ids(out)
+    _match_inner_widths(out)
     _match_text_width(out)
     return out
 
@@ -217,6 +223,19 @@ def _keep_derived_head_dim(config: dict[str, Any], out: dict[str, Any]) -> None:
         out["head_dim"] = hidden // heads
 
 
+def _match_inner_widths(out: dict[str, Any]) -> None:
+    """Widths the config validates against its own hidden size: an adapter's input, a Mamba mixer's heads."""
+    hidden = out.get("hidden_size")
+    if not isinstance(hidden, int):
+        return
+    for key in ("adapter_in_dim", "adapter_input_size"):
+        if isinstance(out.get(key), int):
+            out[key] = hidden
+    heads, expand = out.get("mamba_n_heads"), out.get("mamba_expand")
+    if isinstance(heads, int) and isinstance(expand, int) and isinstance(out.get("mamba_d_head"), int):
+        out["mamba_d_head"] = expand * hidden // heads  # heads x head size = the mixer's inner width
+
+
 def _match_text_width(out: dict[str, Any]) -> None:
     """Towers that project into the text model (`out_hidden_size`, `text_hidden_size`) follow its tiny width."""
     text = out.get("text_config")
@@ -224,7 +243,7 @@ def _match_text_width(out: dict[str, Any]) -> None:
         return
     for value in out.values():
         if isinstance(value, dict) and value is not text:
-            for key in ("out_hidden_size", "text_hidden_size"):
+            for key in ("out_hidden_size", "text_hidden_size", "adapter_out_dim"):
                 if isinstance(value.get(key), int):
                     value[key] = text["hidden_size"]
 
