@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.matrix.runner import ArchOutcome, RunOutcome
+from loadpolicy.matrix.runner import ArchOutcome, RunOutcome, raised_at
 from loadpolicy.matrix.scenarios import Run, Scenario
 from loadpolicy.tinymodels.generate import shrink
 from loadpolicy.validate.architectures import COLUMNS, table_rows
@@ -132,3 +132,13 @@ def test_the_table_counts_a_type_only_when_every_patched_column_passes() -> None
     assert not rows["b"]["cells"]["EP under ZeRO-3 | stock x2"]["ok"]
     assert rows["c"]["cause"] == "not generated: ValueError: x (m.py:1)"
     assert not rows["c"]["patched_all"]
+
+
+def test_a_failure_names_the_innermost_transformers_frame() -> None:
+    tail = (
+        'File "/x/trees/stock/src/transformers/modeling_utils.py", line 4438, in from_pretrained\n'
+        'File "/x/trees/stock/src/transformers/models/glm5_next/modeling_glm5_next.py", line 210, in forward\n'
+        'File "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125, in forward\n'
+    )
+    assert raised_at(tail) == "transformers/models/glm5_next/modeling_glm5_next.py:210"
+    assert raised_at("") == ""

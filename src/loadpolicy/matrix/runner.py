@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,8 @@ def _judge(run: Run, arch: str, ranks: list[RankReport | None]) -> ArchOutcome:
         return ArchOutcome(arch, True, f"refused on every rank: {per_rank[0]['error'][:160]}")
     if errors:
         rank, message = errors[0]
-        return ArchOutcome(arch, False, f"rank {rank}: {message[:200]}")
+        where = raised_at(per_rank[rank].get("traceback", ""))
+        return ArchOutcome(arch, False, f"rank {rank}: {message[:200]}" + (f" (at {where})" if where else ""))
     problems = [f"rank {rank}: {p}" for rank, r in enumerate(per_rank) for p in _problems(run, r)]
     policies = {r["policy"] for r in per_rank}
     if len(policies) != 1:
@@ -135,6 +137,12 @@ def _judge(run: Run, arch: str, ranks: list[RankReport | None]) -> ArchOutcome:
     if problems:
         return ArchOutcome(arch, False, "; ".join(problems)[:400], figures)
     return ArchOutcome(arch, True, f"{figures['policy']}, max abs diff {figures['max_abs_diff']:.1e}", figures)
+
+
+def raised_at(traceback: str) -> str:
+    """The innermost transformers frame of a rank's traceback, as `path:line` under `transformers/`."""
+    frames = re.findall(r'File "[^"]*/src/(transformers/[^"]+)", line (\d+)', traceback)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
 
 
 def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[LoadCheck]) -> ArchOutcome:

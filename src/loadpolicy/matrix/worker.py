@@ -94,7 +94,9 @@ def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: di
         experts: dict[str, ExpertSlice] = {}
         dense_unequal: list[str] = []
         for name, param in model.named_parameters():
-            if ".experts." in name and spec["distributed"] is not None:
+            # stacked expert tensors lead with the expert dimension; a 1-D tensor under `.experts.` is one module's own
+            # (muse_spark's post_expert_norm) and every rank holds it whole
+            if ".experts." in name and spec["distributed"] is not None and params[name].dim() > 1:
                 full, shard = params[name], _local(param.data).cpu()
                 n = full.shape[0] // rank.world_size
                 expected = full[rank.rank * n : (rank.rank + 1) * n]
