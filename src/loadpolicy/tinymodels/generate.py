@@ -41,6 +41,7 @@ _WIDTH = {
     "dense_intermediate_size": 32,
     "share_expert_dim": 16,
     "router_hidden_size": 16,
+    "projector_hidden_size": 32,
     # per-layer input embeddings (gemma4)
     "vocab_size_per_layer_input": 128,
     "hidden_size_per_layer_input": 8,
@@ -155,6 +156,8 @@ _SET: dict[str, tuple[int, bool]] = (
 
 def _tiny_value(key: str, value: Any, *, is_sub_config: bool, slides: bool, layers: int) -> Any:
     """The tiny value of one integer field (`value` itself where no rule names it)."""
+    if isinstance(value, list) and key in ("hidden_sizes", "depths") and all(isinstance(v, int) for v in value):
+        return [32 if key == "hidden_sizes" else 1] * len(value)  # staged towers (muse_spark's audio encoder)
     if isinstance(value, bool):
         return True if key.startswith(("enable_moe", "use_moe")) else value  # gemma4 ships its MoE block off
     if not (value is None or isinstance(value, int)):
@@ -204,8 +207,8 @@ def shrink(config: dict[str, Any], *, layers: int = 2, is_sub_config: bool = Fal
             out[key] = _tiny_value(key, value, is_sub_config=is_sub_config, slides=slides, layers=new_layers)
     _keep_derived_head_dim(config, out)
     if isinstance(old_layers, int):
-        for key, values in _layer_lists(config, old_layers).items():
-            out[key] = values[:new_layers]
+        for key in _layer_lists(config, old_layers):
+            out[key] = out[key][:new_layers]
     _fit_token_ids(out)
     _match_inner_widths(out)
     _match_text_width(out)
@@ -218,9 +221,11 @@ def _keep_derived_head_dim(config: dict[str, Any], out: dict[str, Any]) -> None:
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     if config.get("head_dim") is not None or not (isinstance(hidden, int) and isinstance(heads, int) and heads):
         return
-    out["hidden_size"] = out["num_attention_heads"] * (hidden // heads)
+    # a default that does not divide (qwen3_omni_moe: 2048 / 28) has no consistent head: take a common one, 64
+    head = hidden // heads if hidden % heads == 0 else 64
+    out["hidden_size"] = out["num_attention_heads"] * head
     if "head_dim" in config:  # None, read as `getattr(config, "head_dim", hidden // heads)`, which None defeats
-        out["head_dim"] = hidden // heads
+        out["head_dim"] = head
 
 
 def _match_inner_widths(out: dict[str, Any]) -> None:
