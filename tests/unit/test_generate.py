@@ -142,3 +142,10 @@ def test_a_failure_names_the_innermost_transformers_frame() -> None:
     )
     assert raised_at(tail) == "transformers/models/glm5_next/modeling_glm5_next.py:210"
     assert raised_at("") == ""
+
+
+def test_named_model_types_get_the_defaults_their_class_lacks_and_their_overrides() -> None:
+    lfm2 = shrink(_moe(model_type="lfm2_moe", layer_types=None))
+    assert lfm2["layer_types"] == ["conv", "full_attention"]
+    assert shrink(_moe(model_type="mimo_v2_flash"))["num_attention_heads"] == 8  # its SWA layers double the KV heads
+    assert shrink(_moe())["num_attention_heads"] == 4
