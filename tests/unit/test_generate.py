@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.matrix.runner import ArchOutcome, RunOutcome, raised_at
 from loadpolicy.matrix.scenarios import Run, Scenario
-from loadpolicy.tinymodels.generate import shrink
+from loadpolicy.tinymodels.generate import _declares_ep_plan, shrink
 from loadpolicy.validate.architectures import COLUMNS, table_rows
 
 
@@ -149,3 +149,17 @@ def test_named_model_types_get_the_defaults_their_class_lacks_and_their_override
     assert lfm2["layer_types"] == ["conv", "full_attention"]
     assert shrink(_moe(model_type="mimo_v2_flash"))["num_attention_heads"] == 8  # its SWA layers double the KV heads
     assert shrink(_moe())["num_attention_heads"] == 4
+
+
+def test_an_ep_plan_nested_in_a_sub_config_of_a_sub_config_counts() -> None:
+    class Text:
+        base_model_ep_plan: ClassVar = {"layers.*.mlp.experts": "ep_dispatch_experts"}
+
+    class Thinker:
+        sub_configs: ClassVar = {"text_config": Text}
+
+    class Omni:
+        sub_configs: ClassVar = {"thinker_config": Thinker, "code2wav_config": object}
+
+    assert _declares_ep_plan(Omni)
+    assert not _declares_ep_plan(object)

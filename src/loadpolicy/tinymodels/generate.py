@@ -258,6 +258,14 @@ def _match_text_width(out: dict[str, Any]) -> None:
                     value[key] = text["hidden_size"]
 
 
+def _declares_ep_plan(config_class: Any, depth: int = 0) -> bool:
+    """The class, or a sub-config at any depth (qwen3_omni_moe: thinker, then its text model), has an EP plan."""
+    if getattr(config_class, "base_model_ep_plan", None):
+        return True
+    subs = getattr(config_class, "sub_configs", None) or {}
+    return depth < 4 and any(_declares_ep_plan(sub, depth + 1) for sub in subs.values())
+
+
 def ep_capable_model_types() -> dict[str, str]:
     """Every model type whose config class, or one of its sub-configs, declares `base_model_ep_plan`."""
     import transformers  # noqa: PLC0415  # the tree under test
@@ -266,12 +274,7 @@ def ep_capable_model_types() -> dict[str, str]:
     found = {}
     for model_type, class_name in CONFIG_MAPPING_NAMES.items():
         config_class = getattr(transformers, class_name, None)
-        if config_class is None:
-            continue
-        subs = getattr(config_class, "sub_configs", None) or {}
-        if getattr(config_class, "base_model_ep_plan", None) or any(
-            getattr(sub, "base_model_ep_plan", None) for sub in subs.values()
-        ):
+        if config_class is not None and _declares_ep_plan(config_class):
             found[model_type] = class_name
     return found
 
