@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.matrix.runner import ArchOutcome, RunOutcome, raised_at
 from loadpolicy.matrix.scenarios import Run, Scenario
-from loadpolicy.tinymodels.generate import _declares_ep_plan, shrink
+from loadpolicy.tinymodels.generate import _declares_ep_plan
+from loadpolicy.tinymodels.shrink import shrink
 from loadpolicy.validate.architectures import COLUMNS, table_rows
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loadpolicy.tinymodels.shrink import shrink
+
 
 _ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 4}
 _COMMON = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "max_position_embeddings": 64}
@@ -24,7 +26,7 @@ class Architecture:
     model_class: str
     config: dict[str, Any]
     moe: bool = True
-    # the config class's own defaults shrunk by `generate.shrink` (then `config` on top), not written out here
+    # the config class's own defaults shrunk by `shrink.shrink` (then `config` on top), not written out here
     generated: bool = False
 
     def transformers_config(self, **overrides: Any) -> Any:
@@ -34,8 +36,6 @@ class Architecture:
         config_class = getattr(transformers, self.config_class)
         if not self.generated:
             return config_class(**(self.config | overrides))
-        from loadpolicy.tinymodels.generate import shrink  # noqa: PLC0415  # generate imports this module
-
         return config_class.from_dict(shrink(config_class().to_dict()) | self.config | overrides)
 
 
