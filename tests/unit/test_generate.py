@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.matrix.runner import ArchOutcome, RunOutcome, raised_at
+from loadpolicy.harness.rank import raised_at
+from loadpolicy.matrix.runner import ArchOutcome, RunOutcome
 from loadpolicy.matrix.scenarios import Run, Scenario
 from loadpolicy.tinymodels.generate import _declares_ep_plan
 from loadpolicy.tinymodels.shrink import shrink

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -121,3 +122,9 @@ def parse(raw: dict[str, Any], contract: type[Contract]) -> Contract | RankFailu
 def transformers_file(raw: dict[str, Any]) -> str:
     """Which transformers the rank imported (a fact every result carries, success or failure)."""
     return str(raw.get("transformers_file"))
+
+
+def raised_at(traceback: str) -> str:
+    """The innermost transformers frame of a rank's traceback, as `path:line` under `transformers/`."""
+    frames = re.findall(r'File "[^"]*/src/(transformers/[^"]+)", line (\d+)', traceback)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""

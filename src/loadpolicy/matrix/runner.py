@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.rank import raised_at
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.matrix.results import LoadCheck, RankReport
 from loadpolicy.matrix.scenarios import SCENARIOS, Run
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout
-from loadpolicy.tinymodels.architectures import ARCHITECTURES
+from loadpolicy.tinymodels.architectures import model_classes as known_model_classes
 from loadpolicy.tinymodels.checkpoints import build_checkpoint, build_references
 from loadpolicy.tinymodels.reference import reference_path
 
@@ -43,11 +43,15 @@ class RunOutcome:
     archs: tuple[ArchOutcome, ...]
     launch_error: str | None = None  # timeout or a rank that wrote nothing, with where each rank was
 
+    def as_expected(self, arch: ArchOutcome) -> bool:
+        """Stock, where the scenario must fail: `arch` failed with the bug on every rank. Elsewhere: it passed."""
+        if self.run.tree is Tree.STOCK and self.run.spec.stock_fails:
+            return arch.failed_as_expected
+        return arch.passed
+
     @property
     def met_expectation(self) -> bool:
-        if self.run.tree is Tree.STOCK and self.run.spec.stock_fails:
-            return self.launch_error is None and all(arch.failed_as_expected for arch in self.archs)
-        return self.launch_error is None and all(arch.passed for arch in self.archs)
+        return self.launch_error is None and all(self.as_expected(arch) for arch in self.archs)
 
 
 def launch(
@@ -61,7 +65,7 @@ def launch(
     """`model_classes`: the class of each generated architecture (the others are in ARCHITECTURES)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = run.spec
-    classes = {name: arch.model_class for name, arch in ARCHITECTURES.items()} | (model_classes or {})
+    classes = known_model_classes(model_classes)
     cases = [
         {
             "arch": a,
@@ -137,12 +141,6 @@ def _judge(run: Run, arch: str, ranks: list[RankReport | None]) -> ArchOutcome:
     if problems:
         return ArchOutcome(arch, False, "; ".join(problems)[:400], figures)
     return ArchOutcome(arch, True, f"{figures['policy']}, max abs diff {figures['max_abs_diff']:.1e}", figures)
-
-
-def raised_at(traceback: str) -> str:
-    """The innermost transformers frame of a rank's traceback, as `path:line` under `transformers/`."""
-    frames = re.findall(r'File "[^"]*/src/(transformers/[^"]+)", line (\d+)', traceback)
-    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
 
 
 def _judge_stock_failure(arch: str, stock_error: str, per_rank: list[LoadCheck]) -> ArchOutcome:

@@ -14,8 +14,7 @@ from typing import Any
 
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.matrix.results import ExpertSlice, LoadCheck
-from loadpolicy.tinymodels.generate import model_output
-from loadpolicy.tinymodels.reference import input_ids, load_reference
+from loadpolicy.tinymodels.reference import input_ids, load_reference, model_output
 
 
 def _local(tensor: Any) -> Any:

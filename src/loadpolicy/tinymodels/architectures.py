@@ -154,3 +154,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         ),
     )
 }
+
+
+def model_classes(generated: dict[str, str] | None = None) -> dict[str, str]:
+    """The class each checkpoint loads with: the matrix's architectures, then `generated` (generate.py's manifest)."""
+    return {name: arch.model_class for name, arch in ARCHITECTURES.items()} | (generated or {})

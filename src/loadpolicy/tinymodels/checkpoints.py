@@ -9,6 +9,7 @@ from pathlib import Path
 
 from loadpolicy.harness.launch import run_bounded, tree_env
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
+from loadpolicy.tinymodels.architectures import model_classes as known_model_classes
 from loadpolicy.tinymodels.reference import load_reference, reference_path
 
 
@@ -38,7 +39,7 @@ def build_references(
     """Load every (arch, bnb_8bit) in one process on the stock tree and save its logits and parameters.
 
     `model_classes` names the class of generated architectures (`generate.py`); the others are in ARCHITECTURES."""
-    classes = {name: arch.model_class for name, arch in ARCHITECTURES.items()} | (model_classes or {})
+    classes = known_model_classes(model_classes)
     references = reference_path(checkpoints, "", bnb_8bit=False).parent
     references.mkdir(parents=True, exist_ok=True)
     spec = {

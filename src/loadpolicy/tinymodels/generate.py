@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.harness.rank import raised_at
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.shrink import shrink
 
@@ -93,16 +94,8 @@ def _expert_parameters(model: Any) -> int:
     return sum(".experts." in name for name, _ in model.named_parameters())
 
 
-def model_output(output: Any) -> Any:
-    """What a load is judged on: the logits, or the last hidden state of a model without a head."""
-    logits = getattr(output, "logits", None)
-    return output.last_hidden_state if logits is None else logits
-
-
-def _where(exc: BaseException) -> str:
-    """The innermost transformers frame of `exc`, as `path:line` under `src/`."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/src/transformers/" in f.filename]
-    return f"{frames[-1].filename.split('/src/')[-1]}:{frames[-1].lineno}" if frames else ""
+def _raised_at(exc: BaseException) -> str:
+    return raised_at("".join(traceback.format_tb(exc.__traceback__)))
 
 
 def _try(cls: Any, model_class: str, defaults: dict[str, Any], layers: int | None, out: Path) -> dict[str, Any]:
@@ -110,7 +103,7 @@ def _try(cls: Any, model_class: str, defaults: dict[str, Any], layers: int | Non
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    from loadpolicy.tinymodels.reference import input_ids  # noqa: PLC0415
+    from loadpolicy.tinymodels.reference import input_ids, model_output  # noqa: PLC0415
 
     config = cls.from_dict(defaults if layers is None else shrink(defaults, layers=layers))
     with torch.device("meta"):  # sized before anything is allocated: a field the rules miss can ask for terabytes
@@ -151,14 +144,16 @@ def build_one(model_type: str, config_class: str, out: Path) -> dict[str, Any]:
         return entry | {
             "built": False,
             "error": f"default config: {type(exc).__name__}: {exc}"[:600],
-            "where": _where(exc),
+            "where": _raised_at(exc),
         }
     failures = []
     for layers in (2, 4, 8):
         try:
             return entry | _try(cls, model_class, defaults, layers, out / model_type)
         except Exception as exc:  # recorded: the table says which model types could not be generated, and why
-            failures.append({"layers": layers, "error": f"{type(exc).__name__}: {exc}"[:600], "where": _where(exc)})
+            failures.append(
+                {"layers": layers, "error": f"{type(exc).__name__}: {exc}"[:600], "where": _raised_at(exc)}
+            )
     return entry | {"built": False, **failures[0], "tries": failures}
 
 

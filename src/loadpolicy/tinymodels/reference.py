@@ -33,11 +33,15 @@ def input_ids() -> Any:
     return torch.arange(12).reshape(2, 6) % 64
 
 
+def model_output(output: Any) -> Any:
+    """What a load is judged on: the logits, or the last hidden state of a model without a head."""
+    logits = getattr(output, "logits", None)
+    return output.last_hidden_state if logits is None else logits
+
+
 def _load_one(checkpoints: Path, arch: str, bnb_8bit: bool, model_class_name: str) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
-
-    from loadpolicy.tinymodels.generate import model_output  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if bnb_8bit:

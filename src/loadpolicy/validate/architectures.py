@@ -64,7 +64,7 @@ def run_architectures(
         # one launch loads every architecture; its bound grows with their number (a tiny load takes 1-3 s)
         outcome = launch(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout + 20.0 * len(archs), built)
         outcomes.append(outcome)
-        passed = sum(a.passed or a.failed_as_expected for a in outcome.archs)
+        passed = sum(outcome.as_expected(a) for a in outcome.archs)
         print(
             f"[{index}/{len(runs)}] {run.label}: {passed}/{len(archs)} as expected ({outcome.seconds:.0f}s)"
             + (f" {outcome.launch_error}" if outcome.launch_error else ""),
@@ -82,15 +82,14 @@ def run_architectures(
     return 1 if goal else 0
 
 
+def _column(outcome: RunOutcome) -> str:
+    return f"{outcome.run.scenario} | {outcome.run.tree} x{outcome.run.ranks}"
+
+
 def _cell(outcome: RunOutcome, arch: str) -> tuple[bool, str]:
     for result in outcome.archs:
         if result.arch == arch:
-            ok = (
-                result.failed_as_expected
-                if outcome.run.tree is Tree.STOCK and outcome.run.spec.stock_fails
-                else result.passed
-            )
-            return ok, result.detail
+            return outcome.as_expected(result), result.detail
     return False, outcome.launch_error or "not run"
 
 
@@ -110,7 +109,7 @@ def table_rows(manifest: dict[str, Any], outcomes: list[RunOutcome]) -> list[dic
         cells = {}
         for outcome in outcomes:
             ok, detail = _cell(outcome, name)
-            cells[f"{outcome.run.scenario} | {outcome.run.tree} x{outcome.run.ranks}"] = {"ok": ok, "detail": detail}
+            cells[_column(outcome)] = {"ok": ok, "detail": detail}
         plain = [c for k, c in cells.items() if k.startswith(f"{Scenario.PLAIN_EP} | {Tree.STOCK}")]
         patched = [c for k, c in cells.items() if f"| {Tree.PATCHED} x" in k]
         row |= {
@@ -141,7 +140,7 @@ def _header(key: str) -> str:
 
 def render(rows: list[dict[str, Any]], outcomes: list[RunOutcome]) -> str:
     """The table: one row per model type; `bug` where stock fails with the ZeRO-3 device_map refusal, as it must."""
-    keys = [f"{o.run.scenario} | {o.run.tree} x{o.run.ranks}" for o in outcomes]
+    keys = [_column(o) for o in outcomes]
     stock_bug = {k for k, o in zip(keys, outcomes, strict=True) if o.run.tree is Tree.STOCK and o.run.spec.stock_fails}
     built = [r for r in rows if r["built"]]
     plain, patched = sum(r["plain_ep_stock"] for r in built), sum(r["patched_all"] for r in built)
