@@ -97,6 +97,10 @@ class Mutation:
 
 UNITS = Check("unit tests: variants, selection table", unit_tests=("test_variants.py", "test_selection_table.py"))
 EP_LOAD = Check("matrix: EP under ZeRO-3, torchrun x2", run=Run(Scenario.EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2))
+COMPOSITE_EP_LOAD = Check(
+    "matrix: composite EP under ZeRO-3, torchrun x2",
+    run=Run(Scenario.COMPOSITE_EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2),
+)
 QUANTIZED = Check(
     "matrix: quantized ZeRO-3, torchrun x2", run=Run(Scenario.QUANTIZED_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
 )
@@ -134,6 +138,15 @@ def _fault(name: str) -> Check:
 
 
 MUTATIONS = (
+    Mutation(
+        "transpose-checks-global-shape",
+        "a sharded parameter's local shape decides a checkpoint transpose (qwen3_vl_moe's experts)",
+        Target.TREE,
+        "core_model_loading.py",
+        "expected_shape = param._local_tensor.shape if is_dtensor(param) else param.shape",
+        "expected_shape = param.shape",
+        COMPOSITE_EP_LOAD,
+    ),
     Mutation(
         "ep-plan-shards-dense-mlp",
         "EPMeta leaves the dense modules an EP plan shards to ZeRO-3 (gemma4's mlp)",
