@@ -44,12 +44,23 @@ def _carried_upstream(tmp_path: Path) -> ModuleType:
 DECISIONS = tuple(name for name in policy.decision_table(policy.EPMeta(ep_size=2)) if name != "after_loading")
 
 
+# Decisions the upstream module does not carry, and what stands for them there: missing weights are initialised
+# gathered exactly where the missing keys are ZeRO-3's (one decision, two gates), and `_from_config` never opens a
+# zero.Init inside a parent built on the meta device (a rule of the gate, the same for every policy).
+CARRIED_AS = {
+    "weight_init": lambda policy: "gathered" if policy.missing_keys.value == "leave_to_zero3" else "plain",
+    "nested_from_config_opens_zero3_init": lambda policy: False,
+}
+
+
 def _outcome(module: Any, error: type[Exception], inputs: Any) -> tuple[str, dict[str, object]]:
     try:
         policy = module.select_load_policy(inputs)
     except error:
         return "refused", {}
-    decisions = {name: getattr(policy, name) for name in DECISIONS}
+    decisions = {
+        name: getattr(policy, name) if hasattr(policy, name) else CARRIED_AS[name](policy) for name in DECISIONS
+    }
     fields = dataclasses.asdict(policy)
     return type(policy).__name__, {k: getattr(v, "value", v) for k, v in (decisions | fields).items()}
 
@@ -67,7 +78,7 @@ def test_the_module_the_upstream_stack_carries_decides_as_policy_py_for_every_in
             ours = policy.LoadInputs(**flags, sizes=policy.ParallelSizes(**sizes))  # type: ignore[arg-type]
             theirs = carried.LoadInputs(**flags, sizes=carried.ParallelSizes(**sizes))
             expected = _outcome(policy, policy.LoadPolicyError, ours)
-            assert _outcome(carried, carried.LoadPolicyError, theirs) == expected, (ours, expected)
+            assert _outcome(carried, ValueError, theirs) == expected, (ours, expected)
             compared += 1
     assert compared == 16 * 72
 
