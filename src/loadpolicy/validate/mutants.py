@@ -194,7 +194,7 @@ MUTATIONS = (
     ),
     Mutation(
         "composite-sub-model-zero3-init",
-        "a composite model's sub-models are built on the meta device of their EPMeta parent, not under a nested zero.Init",
+        "a composite model's sub-models stay on their EPMeta parent's meta device, under no nested zero.Init",
         Target.TREE,
         "modeling_utils.py",
         'needs_zero3_init = needs_zero3_init and torch.empty(0).device.type != "meta"',
