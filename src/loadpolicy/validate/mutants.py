@@ -52,6 +52,7 @@ class Check:
     parity: ParityCase | None = None
     fault: str | None = None  # a FAULT_CASES name, at 2 ranks
     unit_tests: tuple[str, ...] = ()  # test files under Setup.tests
+    in_tree: str | None = None  # a `-k` selection of the patched tree's own DeepSpeed tests (`RUN_SLOW=1`)
 
     def passes(self, code: Path, setup: Setup, out: Path) -> tuple[bool, str]:
         """Run this check with `code` as the patched tree (or as our package's parent, for unit tests)."""
@@ -67,13 +68,36 @@ class Check:
             case = next(c for c in FAULT_CASES if c.name == self.fault)
             fault = run_fault(case, 2, code, setup.variants, out)
             return fault.passed, fault.detail[:300]
-        return _unit_tests_pass(code, [setup.tests / name for name in self.unit_tests], out, setup.timeout)
+        if self.in_tree is not None:  # the tree's tests, run on `code`: its `src` goes first on the path
+            checkout = setup.trees[Tree.PATCHED]
+            options = ["-c", str(checkout / "pyproject.toml"), "--rootdir", str(checkout), "-k", self.in_tree]
+            tests = [checkout / "tests" / "deepspeed" / "test_deepspeed_expert_parallel.py"]
+            return _pytest_passes(code / "src", tests, out, setup.timeout, options, {"RUN_SLOW": "1"})
+        return _pytest_passes(code, [setup.tests / name for name in self.unit_tests], out, setup.timeout)
 
 
-def _unit_tests_pass(code: Path, tests: list[Path], out: Path, timeout: float) -> tuple[bool, str]:
+def _pytest_passes(
+    code: Path,
+    tests: list[Path],
+    out: Path,
+    timeout: float,
+    options: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[bool, str]:
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *map(str, tests)]
+    path = os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *(options or []),
+        *map(str, tests),
+    ]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -131,6 +155,10 @@ MIXTRAL_GATE_UP = """"mixtral": [
                 source_patterns=[
                     ".experts.*.{first}.weight",
                     ".experts.*.{second}.weight","""
+
+
+def _in_tree(test: str) -> Check:
+    return Check(f"in-tree: {test}, torchrun x2", in_tree=test)
 
 
 def _fault(name: str) -> Check:
@@ -281,6 +309,24 @@ MUTATIONS = (
         "param.ds_zero_partition_process_group = groups._get_expert_data_parallel_group(group_name)",
         "param.ds_zero_partition_process_group = groups._get_expert_parallel_group(group_name)",
         DISPATCH,
+    ),
+    Mutation(
+        "capability-checked-after-reading",
+        "DeepSpeed's expert placement is checked before any weight is read (PR 3)",
+        Target.TREE,
+        "modeling_utils.py",
+        "check_deepspeed_holds_expert_groups()  # before any weight is read",
+        "pass",
+        _in_tree("test_a_deepspeed_without_expert_placement_is_refused_before_any_weight_is_read"),
+    ),
+    Mutation(
+        "expert-gradient-scaled-without-deepspeed",
+        "the expert gradient scale applies only to a parameter DeepSpeed took over (PR 3)",
+        Target.TREE,
+        "integrations/deepspeed.py",
+        'grad * gradient_scale if hasattr(param, "ds_id") else grad)',
+        "grad * gradient_scale)",
+        _in_tree("test_a_model_deepspeed_never_wraps_keeps_unscaled_expert_gradients"),
     ),
     Mutation(
         "save-keeps-shards",
