@@ -10,14 +10,16 @@ value:
 | 1  init context                 | zero.Init (or outer)  | meta (quantized: meta+state)  | meta             |
 | 1b nested `_from_config` init   | no own zero.Init      | no own zero.Init              | no own zero.Init |
 | 2  `device_map`                 | refuse                | refuse under ZeRO-3, else pass| admit mesh-bound |
-| 3  loading branch               | read own partitions * | shard on read                 | shard on read    |
-| 4  buffers and missing keys     | leave to ZeRO-3       | materialise                   | materialise      |
-| 5  weight initialisation        | gathered              | plain                         | plain            |
+| 3  loading branch               | read own partitions * | shard on read                 | read partitions *|
+| 4  buffers and missing keys     | leave to ZeRO-3       | materialise                   | leave to ZeRO-3 *|
+| 5  weight initialisation        | gathered              | plain                         | gathered *       |
 | 6  dense weights                | (no TP under ZeRO-3)  | as the TP plan says           | left to ZeRO-3   |
 | 7  after loading                | as loaded             | as loaded                     | expert groups    |
 
-* ZeRO-3 gather-and-copy when an outer `zero.Init` built the model or DeepSpeed keeps partitions another way (hpZ, NVMe
-parameter offload, quantized weights), and for a state dict or `.bin` files.
+* Zero3Init: ZeRO-3 gather-and-copy when an outer `zero.Init` built the model or DeepSpeed keeps partitions another way
+(hpZ, NVMe parameter offload, quantized weights), and for a state dict or `.bin` files. EPMeta: the model is built on
+meta and partitioned before reading (dense weights over the world, expert shards over their expert data-parallel
+group); where partitions cannot be read, shard on read, materialise and initialise plainly, dense weights read whole.
 
 This module is the single source of truth for that table. transformers carries a generated copy of it, so it imports
 only the standard library and runs on transformers' minimum Python.
@@ -201,18 +203,31 @@ class EPMeta:
     """Expert parallelism under ZeRO-3: the standard path at every gate, experts sharded on read by EP rank."""
 
     ep_size: int
+    # True when every rank reads its partitions: the model built on meta is partitioned before reading (dense weights
+    # over the data-parallel world, expert shards over their expert data-parallel group); False: dense weights whole
+    reads_partitions: bool = False
 
     name: ClassVar[PolicyName] = PolicyName.EP_META
     init_context: ClassVar[InitContext] = InitContext.META
     nested_from_config_opens_zero3_init: ClassVar[bool] = False  # a nested zero.Init would partition experts to (0,)
     device_map: ClassVar[DeviceMapRule] = DeviceMapRule.ADMIT_MESH_BOUND
-    loading_branch: ClassVar[LoadingBranch] = LoadingBranch.SHARD_ON_READ
-    missing_keys: ClassVar[MissingKeys] = MissingKeys.MATERIALISE
-    weight_init: ClassVar[WeightInit] = WeightInit.PLAIN
     # TP-sharded dense weights would be DTensors DeepSpeed cannot wrap, and ZeRO-3 partitions them anyway.
     dense_weights: ClassVar[DenseWeights] = DenseWeights.LEFT_TO_ZERO3
     # DeepSpeed must neither broadcast the expert shards from rank 0 nor partition them across EP ranks.
     after_loading: ClassVar[AfterLoading] = AfterLoading.DEEPSPEED_EXPERT_GROUPS
+
+    @property
+    def loading_branch(self) -> LoadingBranch:
+        return LoadingBranch.ZERO3_READ_PARTITIONS if self.reads_partitions else LoadingBranch.SHARD_ON_READ
+
+    @property
+    def missing_keys(self) -> MissingKeys:
+        # read partitions are ZeRO-3 parameters, as under Zero3Init
+        return MissingKeys.LEAVE_TO_ZERO3 if self.reads_partitions else MissingKeys.MATERIALISE
+
+    @property
+    def weight_init(self) -> WeightInit:
+        return WeightInit.GATHERED if self.reads_partitions else WeightInit.PLAIN
 
 
 LoadPolicy = Zero3Init | MetaShardOnRead | EPMeta
@@ -283,7 +298,11 @@ def explain_selection(inputs: LoadInputs) -> tuple[LoadPolicy, str]:
     if not inputs.zero3_enabled:
         default, reason = MetaShardOnRead(quantized=inputs.quantized), "no ZeRO-3 config is active"
     elif sizes.expert_parallel:
-        default, reason = EPMeta(ep_size=sizes.ep), f"EP (ep_size={sizes.ep}) under ZeRO-3 must shard experts on read"
+        # the model is built on meta here, so no outer zero.Init (refused above) stands in the way of reading
+        default = EPMeta(ep_size=sizes.ep, reads_partitions=inputs.zero3_flat_partitions)
+        reason = f"EP (ep_size={sizes.ep}) under ZeRO-3 must shard experts on read"
+        if inputs.zero3_flat_partitions:
+            reason += "; every rank reads its partitions of the dense weights and of its experts"
         if sizes.dp_replicate > 1:
             reason += f"; ZeRO-3 owns the {sizes.dp_replicate} data-parallel replicas"
         if sizes.fsdp > 1:

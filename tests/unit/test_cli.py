@@ -66,7 +66,8 @@ def test_json_output_parses(stage3: Path) -> None:
     assert payload["policy"] == "EPMeta"
     assert payload["inputs"]["ep_size"] == 2
     assert payload["inputs"]["zero3_enabled"] is True
-    assert payload["decisions"]["loading_branch"]["value"] == "shard_on_read"
+    assert payload["decisions"]["loading_branch"]["value"] == "zero3_read_partitions"
+    assert payload["decisions"]["missing_keys"]["value"] == "leave_to_zero3"
     assert payload["decisions"]["device_map"]["value"] == "admit_mesh_bound"
 
 

@@ -110,8 +110,19 @@ def test_plain_ep_reads_its_experts_and_its_tp_slice() -> None:
     assert cost.held_after_deepspeed is None  # no DeepSpeed
 
 
-def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
+def test_ep_meta_reads_dense_weights_and_its_experts_as_partitions() -> None:
+    # dense over 4 ranks, each rank's 4 experts over the 2 ranks that hold them: 1/4 of everything
     (cost,) = predict(launch(4, zero3=True, ep=2), INVENTORY).ranks
+    assert cost.read.nbytes == cost.held.nbytes == cost.resident.nbytes == TOTAL // 4
+    assert cost.held_after_deepspeed is not None
+    assert cost.held_after_deepspeed.nbytes == TOTAL // 4
+    # the largest module allocated whole: a layer's experts module at 1/ep (gate_up + down)
+    assert cost.peak_anon.nbytes == TOTAL // 4 + (65536 + 32768) // 2
+    assert cost.peak_file.nbytes == 0
+
+
+def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
+    (cost,) = predict(launch(4, zero3=True, ep=2, flat_partitions=False), INVENTORY).ranks
     assert cost.held.nbytes == cost.read.nbytes == DENSE + EXPERTS // 2
     # on a CPU launch dense tensors stay views of the mapped file; merged experts are copies
     assert cost.peak_anon.nbytes == EXPERTS // 2 + 65536 // 2
@@ -122,7 +133,7 @@ def test_ep_meta_keeps_dense_whole_until_deepspeed_partitions_it() -> None:
 
 
 def test_ep_meta_on_gpu_holds_on_the_device_and_maps_what_it_read() -> None:
-    (cost,) = predict(launch(4, zero3=True, ep=4, device=Device.GPU), INVENTORY).ranks
+    (cost,) = predict(launch(4, zero3=True, ep=4, device=Device.GPU, flat_partitions=False), INVENTORY).ranks
     assert cost.peak_device.nbytes == DENSE + EXPERTS // 4 + 65536 // 4
     assert (cost.peak_anon.nbytes, cost.resident.nbytes) == (0, 0)
     assert cost.peak_file.nbytes == DENSE + EXPERTS // 4

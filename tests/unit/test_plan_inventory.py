@@ -43,7 +43,9 @@ def test_qwen3_30b_a3b_at_ep4_holds_what_pr_45548_reported() -> None:
     from loadpolicy.plan.configs import published_config
 
     inventory = inventory_from_config(published_config("Qwen3-30B-A3B"))
-    (cost,) = predict(Launch(LaunchShape(4, True, EPLayout.TP_EQUALS_EP), Device.GPU), inventory).ranks
+    # PR #45548 reads dense weights whole: the EPMeta load without partition reads
+    shape = LaunchShape(4, True, EPLayout.TP_EQUALS_EP, flat_partitions=False)
+    (cost,) = predict(Launch(shape, Device.GPU), inventory).ranks
     assert inventory.dense_bytes / GIB == pytest.approx(2.87, abs=0.01)
     assert (cost.held.nbytes - inventory.dense_bytes) / GIB == pytest.approx(13.5, abs=0.01)
     assert json.loads(inventory.to_json())["num_experts"] == 128

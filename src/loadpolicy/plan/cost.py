@@ -125,10 +125,11 @@ def _local(entry: TensorEntry, launch: Launch) -> int:
     return entry.nbytes // launch.tp if entry.tp_split else entry.nbytes
 
 
-def _largest_module(inventory: Inventory) -> tuple[int, str]:
+def _largest_module(inventory: Inventory, ep: int = 1) -> tuple[int, str]:
+    """The module whose own parameters are the largest whole; with `ep`, an expert module holds its 1/ep."""
     per_module: dict[str, int] = defaultdict(int)
     for entry in inventory.entries:
-        per_module[entry.module] += entry.nbytes
+        per_module[entry.module] += entry.nbytes // ep if entry.expert else entry.nbytes
     name = max(per_module, key=lambda m: per_module[m])
     return per_module[name], name
 
@@ -188,12 +189,14 @@ def _zero3_init(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
 
 
 def _read_partitions(launch: Launch, inventory: Inventory) -> tuple[RankCost, ...]:
+    # Under EPMeta each rank's experts (1/ep) are partitioned over the world / ep ranks that hold them: 1/world too.
     total, world = inventory.total_bytes, launch.ranks
     partition = total // world
-    built, module = _largest_module(inventory)
-    largest = max(inventory.entries, key=lambda e: e.nbytes)
+    built, module = _largest_module(inventory, launch.ep)
+    largest = max(inventory.entries, key=lambda e: e.nbytes // launch.ep if e.expert else e.nbytes)
     held = Figure(partition, f"1/{world} ZeRO-3 partition of all {_gib(total)}")
-    build = f"zero.Init builds the largest module whole before partitioning it ({module}: {_gib(built)})"
+    builder = "zero.Init builds" if launch.ep == 1 else "partitioning the meta model allocates"
+    build = f"{builder} the largest module whole before partitioning it ({module}: {_gib(built)})"
     if launch.device is Device.GPU:
         # a range is read into a host tensor, then copied to the device partition
         anon = Figure(largest.nbytes // world, f"reading 1/{world} of {largest.name} on the host")
