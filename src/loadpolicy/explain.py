@@ -40,7 +40,7 @@ _MEANING: dict[enum.Enum | bool, str] = {
     WeightInit.GATHERED: "initialise missing weights inside GatheredParameters (modifier rank 0)",
     WeightInit.PLAIN: "initialise missing weights on the local tensors",
     DenseWeights.AS_PLANNED: "dense weights are sharded at load time as the TP plan says (whole without a rule)",
-    DenseWeights.LEFT_TO_ZERO3: "dense weights are read whole; ZeRO-3 partitions them when DeepSpeed wraps the model",
+    DenseWeights.LEFT_TO_ZERO3: "no TP plan: ZeRO-3 partitions dense weights (at load when it reads partitions)",
     AfterLoading.AS_LOADED: "return the model as loaded",
     AfterLoading.DEEPSPEED_EXPERT_GROUPS: "expert shards become plain parameters in DeepSpeed's expert groups",
 }

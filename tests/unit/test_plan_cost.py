@@ -175,8 +175,8 @@ def test_the_policy_costed_is_the_selectors() -> None:
 def test_bench_cases_map_to_the_launch_they_run() -> None:
     assert launch_for_case("Zero3Init (stock)", 2) == launch(2, zero3=True, flat_partitions=False)
     assert launch_for_case("Zero3Init: partition reads", 2) == launch(2, zero3=True)
-    assert launch_for_case("EPMeta: EP under ZeRO-3", 4).ep == 4
-    assert launch_for_case("EPMeta: EP under ZeRO-3", 4).tp == 1  # dense weights are left to ZeRO-3
+    assert launch_for_case("EPMeta: partition reads", 4).ep == 4
+    assert launch_for_case("EPMeta: partition reads", 4).tp == 1  # dense weights are left to ZeRO-3
     plain_ep = launch(4, ep=4)  # DistributedConfig(tp_size=4, ep_size=4)
     assert launch_for_case("MetaShardOnRead: plain EP", 4) == plain_ep
     assert launch_for_case("MetaShardOnRead: dense ZeRO-3", 4).under_zero3

@@ -82,6 +82,13 @@ EP_ZERO3 = STANDARD | {
     "dense_weights": DenseWeights.LEFT_TO_ZERO3,
     "after_loading": AfterLoading.DEEPSPEED_EXPERT_GROUPS,
 }
+# Not stock (issue 18): EP under ZeRO-3 where DeepSpeed keeps flat partitions: the meta model is partitioned before
+# reading (dense weights over the world, experts over their expert data-parallel group): later gates are ZeRO-3's.
+EP_ZERO3_READS = EP_ZERO3 | {
+    "loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS,
+    "missing_keys": MissingKeys.LEAVE_TO_ZERO3,
+    "weight_init": WeightInit.GATHERED,
+}
 
 SCENARIOS = [
     # (scenario, inputs, variant, decisions)
@@ -125,6 +132,18 @@ SCENARIOS = [
     ),
     ("ZeRO-3 + EP", LoadInputs(zero3_enabled=True, sizes=ParallelSizes(tp=2, ep=2)), EPMeta(ep_size=2), EP_ZERO3),
     ("ZeRO-3 + EP 4", LoadInputs(zero3_enabled=True, sizes=ParallelSizes(tp=4, ep=4)), EPMeta(ep_size=4), EP_ZERO3),
+    (
+        "ZeRO-3 + EP, flat partitions",
+        LoadInputs(zero3_enabled=True, zero3_flat_partitions=True, sizes=ParallelSizes(tp=2, ep=2)),
+        EPMeta(ep_size=2, reads_partitions=True),
+        EP_ZERO3_READS,
+    ),
+    (
+        "ZeRO-3 + EP, token dispatch, flat partitions",
+        LoadInputs(zero3_enabled=True, zero3_flat_partitions=True, sizes=ParallelSizes(fsdp=4, ep=2)),
+        EPMeta(ep_size=2, reads_partitions=True),
+        EP_ZERO3_READS,
+    ),
     # world = dp x ep: ZeRO-3, not FSDP2, owns the data-parallel replicas (not stock: fails at gate 2 today)
     (
         "ZeRO-3 + EP, dp_replicate=2",

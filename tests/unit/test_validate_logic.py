@@ -47,7 +47,8 @@ def good_ep_result(rank: int) -> dict[str, Any]:
         "unexpected_keys": [],
         "mismatched_keys": [],
         "on_meta": [],
-        "partitioned": 0,
+        "loading_branch": "zero3_read_partitions",
+        "partitioned": 10,
         "parameters": 10,
         "experts": {
             "model.layers.0.mlp.experts.gate_up_proj": {"local": [2, 16, 16], "full": [4, 16, 16], "equal": True}
@@ -87,6 +88,8 @@ def test_judge_passes_a_correct_ep_load() -> None:
         ({"max_abs_diff": 1e-3}, "logits differ"),
         ({"max_abs_diff": float("nan")}, "logits differ from the stock one-process load by nan"),
         ({"dense_unequal": ["model.embed_tokens.weight"]}, "parameters outside the experts differ"),
+        ({"loading_branch": "shard_on_read"}, "loading branch shard_on_read, expected zero3_read_partitions"),
+        ({"partitioned": 6}, "only 6/10 parameters partitioned"),
         ({"error": "ValueError: boom"}, "rank 1: ValueError: boom"),
     ],
 )

@@ -93,7 +93,14 @@ CASES = (
     Case("Zero3Init: partition reads", PolicyName.ZERO3_INIT, zero3=True, branch=LoadingBranch.ZERO3_READ_PARTITIONS),
     Case("MetaShardOnRead: plain EP", _MSOR, zero3=False, layout=_EP, moe_only=True),
     Case("MetaShardOnRead: dense ZeRO-3", _MSOR, zero3=True, requested=_MSOR, dense_only=True),
-    Case("EPMeta: EP under ZeRO-3", PolicyName.EP_META, zero3=True, layout=_EP, moe_only=True),
+    Case(
+        "EPMeta: partition reads",
+        PolicyName.EP_META,
+        zero3=True,
+        layout=_EP,
+        moe_only=True,
+        branch=LoadingBranch.ZERO3_READ_PARTITIONS,
+    ),
 )
 
 

@@ -74,17 +74,19 @@ def _cases() -> tuple[FaultCase, ...]:
         FaultCase(
             "truncated safetensors, one rank's view",
             bad_rank="1",
-            error="`from_pretrained` failed on rank(s) [1]: rank 1: SafetensorError",
-            bad_rank_error="SafetensorError",
+            # partition reads check the file's size against its header before reading a range
+            error="`from_pretrained` failed on rank(s) [1]: rank 1: OSError",
+            bad_rank_error="model.safetensors is truncated: its header describes",
         ),
-        FaultCase("truncated safetensors, every rank", checkpoint="truncated", error="SafetensorError"),
+        FaultCase("truncated safetensors, every rank", checkpoint="truncated", error="model.safetensors is truncated"),
         FaultCase(
             "checkpoint missing expert 3's weights",
             checkpoint="missing_expert",
-            bad_rank="last",  # owns expert 3
-            # The owner names the missing tensors (not the merged tensor's size mismatch); the others its error
-            error="failed on rank(s) [{bad}]: rank {bad}: ValueError: The checkpoint lacks 3 tensor(s)",
-            bad_rank_error="model.layers.0.mlp.experts.3.down_proj.weight, model.layers.0.mlp.experts.3.gate_proj",
+            # Partition reads check the whole merged tensor on every rank: every rank names the missing tensors (not
+            # the merged tensor's size mismatch), not only the one that owns expert 3
+            error="ValueError: The checkpoint lacks 3 tensor(s) that ['model.layers.0.mlp.experts.down_proj', 'model"
+            ".layers.0.mlp.experts.gate_up_proj'] are built from: model.layers.0.mlp.experts.3.down_proj.weight, model"
+            ".layers.0.mlp.experts.3.gate_proj",
         ),
         FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
         *(

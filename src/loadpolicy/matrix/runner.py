@@ -178,12 +178,12 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
     if run.spec.patched_policy is PolicyName.ZERO3_INIT:
         # The patched tree reads each rank's partitions (issue 18); stock gathers and copies
         branch = LoadingBranch.ZERO3_READ_PARTITIONS.value if run.tree is Tree.PATCHED else None
-        if result.get("loading_branch") != branch:
-            problems.append(f"loading branch {result.get('loading_branch')}, expected {branch}")
-        if result["partitioned"] != result["parameters"]:
-            problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
+        problems += _partition_problems(result, branch)
         problems += _unequal_problems(result, "gathered_unequal", "gathered values")
         return problems
+    if run.spec.patched_policy is PolicyName.EP_META and run.tree is Tree.PATCHED:
+        # The patched tree partitions the meta model before reading (issue 18): nothing left whole for DeepSpeed
+        problems += _partition_problems(result, LoadingBranch.ZERO3_READ_PARTITIONS.value)
     problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
     if run.spec.layout is not EPLayout.NONE:
         if not result.get("experts"):
@@ -194,6 +194,16 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
                 problems.append(f"{name}: local shape {local}, full {full}")
             if not expert["equal"]:
                 problems.append(f"{name}: not this rank's slice of the checkpoint")
+    return problems
+
+
+def _partition_problems(result: LoadCheck, branch: str | None) -> list[str]:
+    """The loader the ranks report, and every parameter a ZeRO-3 partition."""
+    problems = []
+    if result.get("loading_branch") != branch:
+        problems.append(f"loading branch {result.get('loading_branch')}, expected {branch}")
+    if result["partitioned"] != result["parameters"]:
+        problems.append(f"only {result['partitioned']}/{result['parameters']} parameters partitioned")
     return problems
 
 

@@ -9,6 +9,7 @@ result file, and a stage file saying where it is, so a timeout can report where 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -81,34 +82,44 @@ def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: di
     # On GPUs (nccl) the model sits on this rank's device; the reference stays on the CPU.
     device = next(model.parameters()).device
     ids = ids.to(device)
+    # ZeRO-3 parameters (dense ZeRO-3; EP under ZeRO-3 with partition reads) are compared and run gathered
+    gathered: AbstractContextManager[object] = nullcontext()
     if result["partitioned"]:
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            unequal = [n for n, p in model.named_parameters() if not _equal(p.data, params.get(n))]
-            with torch.no_grad():
-                logits = model_output(model(input_ids=ids)).cpu()
-        result["gathered_unequal"] = unequal
-    else:
-        experts: dict[str, ExpertSlice] = {}
-        dense_unequal: list[str] = []
-        for name, param in model.named_parameters():
-            # stacked expert tensors lead with the expert dimension; a 1-D tensor under `.experts.` is one module's own
-            # (muse_spark's post_expert_norm) and every rank holds it whole
-            if ".experts." in name and spec["distributed"] is not None and params[name].dim() > 1:
-                full, shard = params[name], _local(param.data).cpu()
-                n = full.shape[0] // rank.world_size
-                expected = full[rank.rank * n : (rank.rank + 1) * n]
-                equal = bool(torch.equal(shard, expected))
-                experts[name] = {"local": list(shard.shape), "full": list(full.shape), "equal": equal}
-            elif not _equal(_whole(param.data), params.get(name)):
-                dense_unequal.append(name)
-        result["experts"] = experts
-        result["dense_unequal"] = dense_unequal
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gathered:
+        if result["partitioned"] and spec["distributed"] is None:
+            result["gathered_unequal"] = [n for n, p in model.named_parameters() if not _equal(p.data, params.get(n))]
+        else:
+            sharded = spec["distributed"] is not None
+            result["experts"], result["dense_unequal"] = _compare_expert_shards(model, params, rank, sharded)
         with torch.no_grad():
             logits = _local(model_output(model(input_ids=ids))).cpu()
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
     return result
+
+
+def _compare_expert_shards(
+    model: Any, params: dict[str, Any], rank: Rank, sharded: bool
+) -> tuple[dict[str, ExpertSlice], list[str]]:
+    """With `sharded` experts, each shard against this rank's slice of the reference; the rest against the whole."""
+    import torch
+
+    experts: dict[str, ExpertSlice] = {}
+    dense_unequal: list[str] = []
+    for name, param in model.named_parameters():
+        # stacked expert tensors lead with the expert dimension; a 1-D tensor under `.experts.` is one module's own
+        # (muse_spark's post_expert_norm) and every rank holds it whole
+        if sharded and ".experts." in name and params[name].dim() > 1:
+            full, shard = params[name], _local(param.data).cpu()
+            n = full.shape[0] // rank.world_size
+            expected = full[rank.rank * n : (rank.rank + 1) * n]
+            equal = bool(torch.equal(shard, expected))
+            experts[name] = {"local": list(shard.shape), "full": list(full.shape), "equal": equal}
+        elif not _equal(_whole(param.data), params.get(name)):
+            dense_unequal.append(name)
+    return experts, dense_unequal
 
 
 def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:

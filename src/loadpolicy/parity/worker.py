@@ -134,7 +134,8 @@ def loaded_state(model: Any) -> dict[str, Any]:
     return {
         "policy": type(model._load_policy).__name__,
         "experts": experts,
-        "before": {n: p.detach().clone() for n, p in model.named_parameters() if n in experts},
+        # gathered: with partition reads the shards are ZeRO-3 partitions over their expert data-parallel group already
+        "before": {n: t for n, t in gathered_weights(model).items() if n in experts},
         # the ranks DeepSpeed partitions this rank's expert shards over (one group for all of them, or a problem)
         "expert_group_ranks": [list(g) for g in sorted(groups)],
     }

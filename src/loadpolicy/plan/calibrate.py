@@ -36,10 +36,10 @@ HELD_OUT = frozenset(
     {
         ("moe-850m", "Zero3Init (stock)", 4),
         ("moe-850m", "MetaShardOnRead: plain EP", 4),
-        ("moe-850m", "EPMeta: EP under ZeRO-3", 4),
+        ("moe-850m", "EPMeta: partition reads", 4),
         ("dense-300m", "Zero3Init (stock)", 4),
         ("dense-300m", "MetaShardOnRead: dense ZeRO-3", 4),
-        ("moe-300m", "EPMeta: EP under ZeRO-3", 2),
+        ("moe-300m", "EPMeta: partition reads", 2),
         ("moe-850m", "Zero3Init: partition reads", 4),
         ("dense-300m", "Zero3Init: partition reads", 2),
     }

@@ -2,14 +2,15 @@
 
 Launch shapes are the ones users run: Zero3Init is stock dense ZeRO-3 over every rank; MetaShardOnRead is plain EP
 as transformers 5.23.0 spells it (`DistributedConfig(tp_size=R, ep_size=R)`, no DeepSpeed); EPMeta is EP within a
-node of 8 GPUs (ep = min(R, 8)) with ZeRO-3 over the data-parallel replicas (world = dp x ep), or EP over every rank.
+node of 8 GPUs (ep = min(R, 8)) with ZeRO-3 over the data-parallel replicas (world = dp x ep), or EP over every rank,
+reading partitions; and, for comparison, as it loads where partitions cannot be read (dense weights whole).
 Figures are per rank, above the baseline of an idle process, for the bottleneck rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadpolicy.plan.configs import published_config
@@ -67,12 +68,19 @@ def _ep_meta_world(ranks: int) -> Launch:
     return Launch(LaunchShape.experts_over(ranks, ranks, zero3=True), Device.GPU)
 
 
+def _ep_meta_node_dense_whole(ranks: int) -> Launch:
+    """EPMeta where partitions cannot be read (PR #45548's shape): dense weights whole until `deepspeed.initialize`."""
+    shape = LaunchShape.experts_over(ranks, min(ranks, GPUS_PER_NODE), zero3=True)
+    return Launch(replace(shape, flat_partitions=False), Device.GPU)
+
+
 # (label, launch shape at R ranks): the shapes users run.
 SHAPES: tuple[tuple[str, Callable[[int], Launch]], ...] = (
     ("Zero3Init (stock)", _zero3_init),
     ("Zero3Init: partition reads", _partition_reads),
     ("MetaShardOnRead (plain EP, tp = ep = R)", _plain_ep),
     (f"EPMeta (ep = min(R, {GPUS_PER_NODE}), dp = R / ep)", _ep_meta_node),
+    (f"EPMeta, dense read whole (ep = min(R, {GPUS_PER_NODE}))", _ep_meta_node_dense_whole),
     ("EPMeta (ep = R)", _ep_meta_world),
 )
 
