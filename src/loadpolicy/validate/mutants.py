@@ -306,8 +306,8 @@ MUTATIONS = (
         "DeepSpeed partitions an expert shard over the ranks that hold the same experts (efsdp), not its EP group",
         Target.TREE,
         "integrations/deepspeed.py",
-        "param.ds_zero_partition_process_group = groups._get_expert_data_parallel_group(group_name)",
-        "param.ds_zero_partition_process_group = groups._get_expert_parallel_group(group_name)",
+        "return group_name, groups._get_expert_data_parallel_group(group_name)",
+        "return group_name, groups._get_expert_parallel_group(group_name)",
         DISPATCH,
     ),
     Mutation(
@@ -425,7 +425,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "                if is_expert:\n                    _join_deepspeed_expert_groups(",
         "                if False:\n                    _join_deepspeed_expert_groups(",
-        _in_tree("test_ep_under_zero3_with_zero3_owning_data_parallel_replicas"),
+        _in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
     ),
     Mutation(
         "missing-expert-unnamed",
