@@ -413,9 +413,9 @@ MUTATIONS = (
         "ep-partition-reads-first-experts",
         "each rank reads its own experts' rows of a checkpoint tensor (PR 10)",
         Target.TREE,
-        "integrations/deepspeed_partition_reads.py",
-        "tensor = _Narrowed(tensor, 0, first, expected[0])",
-        "tensor = _Narrowed(tensor, 0, 0, expected[0])",
+        "integrations/deepspeed.py",
+        "first = torch.distributed.get_rank(expert_parallel_group) * shape[0]",
+        "first = 0",
         _in_tree("test_ep_under_zero3_loads_expert_shards_with_single_process_logits"),
     ),
     Mutation(
@@ -423,8 +423,8 @@ MUTATIONS = (
         "an expert shard is partitioned over its expert data-parallel group at load, not the world (PR 10)",
         Target.TREE,
         "integrations/deepspeed.py",
-        "                if is_expert:\n                    _join_deepspeed_expert_groups(",
-        "                if False:\n                    _join_deepspeed_expert_groups(",
+        "                if is_expert:\n                    _join_deepspeed_expert_groups(local,",
+        "                if False:\n                    _join_deepspeed_expert_groups(local,",
         _in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
     ),
     Mutation(
