@@ -1,4 +1,4 @@
-"""The benchmark's checkpoints: MoE at about 300M and 850M parameters and a dense model of about 300M, bf16.
+"""The benchmark's checkpoints: MoE at about 300M and 850M parameters and dense models of about 300M and 1B, bf16.
 
 Built from config classes with random weights and written by `save_pretrained` (safetensors, the architecture's real
 on-disk format: per-expert keys that loading merges), so loading does the work a real checkpoint needs.
@@ -40,6 +40,8 @@ FULL = (
     _moe("moe-300m", _BASE, hidden_size=1024, num_hidden_layers=8, num_experts=16, moe_intermediate_size=512),
     _moe("moe-850m", _BASE, hidden_size=1024, num_hidden_layers=12, num_experts=32, moe_intermediate_size=640),
     _dense("dense-300m", _BASE, hidden_size=1024, num_hidden_layers=14, intermediate_size=4096),
+    # how peak and time grow with size (issue 18): 3.5x dense-300m's bytes, same layout
+    _dense("dense-1b", _BASE, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192),
 )
 SMOKE = (
     _moe("moe-smoke", _SMOKE, hidden_size=64, num_hidden_layers=2, num_experts=8, moe_intermediate_size=64),

@@ -7,7 +7,7 @@ Each figure follows what transformers 5.23.0 (and the series) do while loading, 
   group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
   whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
   (issue 18) no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
-  `zero.Init` still builds each module whole (and broadcasts rank 0's copy) before partitioning it.
+  `zero.Init` still builds each module whole before partitioning it (the fork skips its broadcast, patch 0030).
 - MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
   the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
   per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
