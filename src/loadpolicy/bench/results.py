@@ -16,6 +16,7 @@ class LoadMeasurement(TypedDict):
     transformers_file: str
     unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
     seconds: float
+    touch_seconds: float  # touching every loaded tensor once afterwards: the reads a memory-mapped load deferred
     rss_before: int
     anon_before: int
     file_before: int

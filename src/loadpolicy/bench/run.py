@@ -22,7 +22,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,8 @@ class Row:
     baseline_anon_gib: float = 0.0  # RSS before from_pretrained, on the rank with the largest, median over repeats
     baseline_file_gib: float = 0.0
     error: str | None = None
+    # slowest rank's load plus first touch of every tensor, per repeat: when its bytes are in memory, for every policy
+    ready_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _peak(rank: dict[str, Any], kind: str) -> float:
@@ -152,6 +154,7 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         return _summary([combine(figure(r) for r in ranks_) / GIB for ranks_ in runs])
 
     seconds = _summary([max(r["seconds"] for r in ranks_) for ranks_ in runs])
+    ready = _summary([max(r["seconds"] + r["touch_seconds"] for r in ranks_) for ranks_ in runs])
     ideal = statistics.median(max(r["owned_bytes"] + r["rss_before"] for r in ranks_) for ranks_ in runs) / GIB
     peak = per_repeat(lambda r: _peak(r, "total"))
     before = [max(ranks_, key=lambda r: r["rss_before"]) for ranks_ in runs]
@@ -162,6 +165,7 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         ranks=ranks,
         repeats=len(runs),
         seconds=seconds,
+        ready_seconds=ready,
         peak_gib=peak,
         peak_anon_gib=per_repeat(lambda r: _peak(r, "anon")),
         peak_file_gib=per_repeat(lambda r: _peak(r, "file")),
@@ -239,9 +243,9 @@ def render_table(rows: list[Row], header: bool = True) -> str:
     lines = []
     if header:
         lines.append(
-            f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'peak GiB/rank':>22} "
-            f"{'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'read/rank':>9} {'rchar/rank':>10} "
-            f"{'ideal':>6} {'peak/ideal':>10}"
+            f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'+touch s':>8} "
+            f"{'peak GiB/rank':>22} {'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'read/rank':>9} "
+            f"{'rchar/rank':>10} {'ideal':>6} {'peak/ideal':>10}"
         )
     for r in rows:
         if r.error:
@@ -250,6 +254,7 @@ def render_table(rows: list[Row], header: bool = True) -> str:
         s, p = r.seconds, r.peak_gib
         lines.append(
             f"{r.model:<11} {r.case:<30} {r.ranks:>5} {s['median']:>7.2f} ({s['min']:.2f}-{s['max']:.2f}) "
+            f"{r.ready_seconds.get('median', float('nan')):>8.2f} "
             f"{p['median']:>9.2f} ({p['min']:.2f}-{p['max']:.2f}) "
             f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} "
             f"{r.load_peak_gib['median']:>7.2f} {r.held_gib['median']:>7.2f} "

@@ -203,8 +203,9 @@ def _read_partitions(launch: Launch, inventory: Inventory) -> tuple[RankCost, ..
         device = Figure(partition + built, f"{held.why}; {build}")
         resident = Figure(0, "nothing on the host")
     else:
-        # ranges are read straight into the partition: no buffer beside it
-        anon = Figure(partition + built, f"{held.why}; {build}")
+        # ranges are read straight into the partition: no buffer beside it. Without zero.Init's broadcast (fork-only
+        # patch 0030) nothing writes the whole module the build allocates, so none of its pages become resident.
+        anon = Figure(partition, f"{held.why}; {build}, but never writes it (no broadcast): none of it resident")
         device = Figure(0, "no device on a CPU launch")
         resident = Figure(partition, "the partition")
     read = Figure(partition, f"its 1/{world} of every tensor, each range one read of exactly its bytes")
