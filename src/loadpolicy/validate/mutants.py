@@ -71,7 +71,7 @@ class Check:
         if self.in_tree is not None:  # the tree's tests, run on `code`: its `src` goes first on the path
             checkout = setup.trees[Tree.PATCHED]
             options = ["-c", str(checkout / "pyproject.toml"), "--rootdir", str(checkout), "-k", self.in_tree]
-            tests = [checkout / "tests" / "deepspeed" / "test_deepspeed_expert_parallel.py"]
+            tests = [checkout / "tests" / "deepspeed" / f"test_deepspeed_{name}.py" for name in IN_TREE_FILES]
             return _pytest_passes(code / "src", tests, out, setup.timeout, options, {"RUN_SLOW": "1"})
         return _pytest_passes(code, [setup.tests / name for name in self.unit_tests], out, setup.timeout)
 
@@ -155,6 +155,10 @@ MIXTRAL_GATE_UP = """"mixtral": [
                 source_patterns=[
                     ".experts.*.{first}.weight",
                     ".experts.*.{second}.weight","""
+
+
+# the patched tree's test files `_in_tree` selects from (`-k`)
+IN_TREE_FILES = ("expert_parallel", "partition_reads")
 
 
 def _in_tree(test: str) -> Check:
