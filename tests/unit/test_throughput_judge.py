@@ -73,3 +73,18 @@ def test_a_failed_way_or_a_missing_reference_fails() -> None:
     problems = judge(broken)
     assert "zero3: rank 1 failed" in problems
     assert "dispatch: no first loss to compare with plain ZeRO-3's" in problems
+
+
+def test_rounds_compare_dispatch_with_the_autoep_run_of_the_same_round() -> None:
+    from dataclasses import replace  # noqa: PLC0415
+
+    from loadpolicy.bench.throughput import dispatch_against_autoep, render_markdown  # noqa: PLC0415
+
+    first, second = rows(), rows(dispatch={"steps": [{"forward": 1, "backward": 1, "optimizer": 2, "total": 4.0}] * 2})
+    both = first + [replace(r, repeat=1) for r in second]
+    # round 1: the same step time; round 2: dispatch takes twice AutoEP's 2.0 s
+    assert dispatch_against_autoep(both) == {2: [pytest.approx(1.0), pytest.approx(0.5)]}
+    table = render_markdown(both, "loadpolicy throughput --repeats 2", "tiny", 64)
+    assert "| round | way |" in table
+    assert "1.00x, 0.50x (median 0.75x over 2 rounds)" in table
+    assert "| round |" not in render_markdown(first, "loadpolicy throughput", "tiny", 64)

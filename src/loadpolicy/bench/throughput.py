@@ -17,7 +17,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +50,7 @@ class Row:
     ep: int
     seconds: float  # the whole launch
     error: str | None = None
+    repeat: int = 0  # which of `--repeats` interleaved rounds
     problems: list[str] = field(default_factory=list)
     tokens_per_s_per_rank: float | None = None
     step_s: float | None = None  # median over measured steps of the slowest rank's step
@@ -134,6 +135,8 @@ def throughput(
     model: BenchModel,
     ways: tuple[str, ...] = tuple(WAYS),
     experts_implementation: str | None = None,
+    adamw: str = "fused",
+    repeats: int = 1,
     ranks: int,
     eps: tuple[int, ...],
     steps: int,
@@ -145,7 +148,8 @@ def throughput(
     checkpoint = build_model(model, out.resolve() / "checkpoints")
     config = model.transformers_config()
     rows = []
-    for ep in eps:
+    # Rounds interleave the ways, so that a slow spell of this shared machine falls on every way of a round alike
+    for repeat, ep in ((repeat, ep) for repeat in range(repeats) for ep in eps):
         for way, (tree, _) in WAYS.items():
             if way not in ways or (way == "zero3" and ep != eps[0]):
                 continue  # no EP: one run serves every ep
@@ -163,15 +167,16 @@ def throughput(
                 "warmup": 1,
                 "steps": steps,
                 "experts_implementation": experts_implementation,
+                "adamw": adamw,
             }
             start = time.monotonic()
-            directory = out / "runs" / f"{way}-ep{ep}"
+            directory = out / "runs" / (f"{way}-ep{ep}" + (f"-{repeat}" if repeats > 1 else ""))
             result = launch_worker(WORKER, spec, trees[tree], directory, ranks, timeout, ThroughputRank)
             seconds = time.monotonic() - start
             row = (
-                Row(way, ranks, ep, seconds, error=result)
+                Row(way, ranks, ep, seconds, error=result, repeat=repeat)
                 if isinstance(result, str)
-                else _row(way, shape, ep, seconds, result)
+                else replace(_row(way, shape, ep, seconds, result), repeat=repeat)
             )
             rows.append(row)
             print(_line(row), flush=True)
@@ -187,26 +192,54 @@ def _line(r: Row) -> str:
     )
 
 
+def dispatch_against_autoep(rows: list[Row]) -> dict[int, list[float]]:
+    """Per ep, token dispatch's tokens/s per rank over DeepSpeed AutoEP's in each round that measured both."""
+    ratios: dict[int, list[float]] = {}
+    for r in rows:
+        if r.way != "dispatch" or r.tokens_per_s_per_rank is None:
+            continue
+        autoep = next((a for a in rows if a.way == "autoep" and (a.ep, a.repeat) == (r.ep, r.repeat)), None)
+        if autoep is not None and autoep.tokens_per_s_per_rank:
+            ratios.setdefault(r.ep, []).append(r.tokens_per_s_per_rank / autoep.tokens_per_s_per_rank)
+    return ratios
+
+
 def render_markdown(rows: list[Row], command: str, model: str, sequence: int) -> str:
+    rounds = len({r.repeat for r in rows}) > 1
     lines = [
         f"`{command}`: {model}, float32, micro-batch 1 x {sequence} tokens per rank, gloo on CPU (OMP_NUM_THREADS=1).",
         "",
-        "| way | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward | optimizer "
+        ("| round " if rounds else "")
+        + "| way | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward | optimizer "
         "| collectives in one step, s | peak RSS training, GiB (per rank) | first loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        ("|---:" if rounds else "") + "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for r in rows:
+        first = f"| {r.repeat + 1} " if rounds else ""
         if r.error:
-            lines.append(f"| {r.way} | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
+            lines.append(f"{first}| {r.way} | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
             continue
-        base = next((b.tokens_per_s_per_rank for b in rows if b.way == "tp_ep" and b.ep == r.ep and not b.error), None)
+        base = next(
+            (
+                b.tokens_per_s_per_rank
+                for b in rows
+                if b.way == "tp_ep" and (b.ep, b.repeat) == (r.ep, r.repeat) and not b.error
+            ),
+            None,
+        )
         mine = r.tokens_per_s_per_rank
         ratio = f"{mine / base:.2f}x" if base and mine is not None else "-"
         collectives = ", ".join(f"{k} {v:.2f}" for k, v in r.collectives_s.items() if v >= 0.005) or "-"
         lines.append(
-            f"| {r.way} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} | {r.tokens_per_s_per_rank:.1f} | {ratio} "
-            f"| {r.step_s:.2f} | {r.forward_s:.2f} | {r.backward_s:.2f} | {r.optimizer_s:.2f} | {collectives} "
-            f"| {' / '.join(f'{g:.2f}' for g in r.peak_training_gib)} | {r.first_loss:.5f} |"
+            f"{first}| {r.way} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} | {r.tokens_per_s_per_rank:.1f} "
+            f"| {ratio} | {r.step_s:.2f} | {r.forward_s:.2f} | {r.backward_s:.2f} | {r.optimizer_s:.2f} "
+            f"| {collectives} | {' / '.join(f'{g:.2f}' for g in r.peak_training_gib)} | {r.first_loss:.5f} |"
+        )
+    for ep, ratios in sorted(dispatch_against_autoep(rows).items()):
+        lines.append(
+            f"\nToken dispatch against DeepSpeed AutoEP at ep {ep}: "
+            + ", ".join(f"{x:.2f}x" for x in ratios)
+            + (f" (median {statistics.median(ratios):.2f}x over {len(ratios)} rounds)" if len(ratios) > 1 else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -227,6 +260,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=("eager", "grouped_mm"),
         help="transformers' experts forward for the ways that keep it (default: transformers' choice)",
     )
+    parser.add_argument(
+        "--adamw",
+        choices=("for-loop", "fused"),
+        default="fused",
+        help="torch AdamW for every way: `fused=True` (default), or torch's CPU default, which loops over the tensors",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="interleaved rounds of every way (default 1; one row per round)"
+    )
     add_launch_arguments(parser, timeout=900.0)
     parser.set_defaults(handler=_run)
 
@@ -244,6 +286,8 @@ def _run(args: argparse.Namespace) -> str:
         model=model,
         ways=tuple(args.way or WAYS),
         experts_implementation=args.experts_implementation,
+        adamw=args.adamw,
+        repeats=args.repeats,
         ranks=ranks,
         eps=eps,
         steps=args.steps,
@@ -254,8 +298,17 @@ def _run(args: argparse.Namespace) -> str:
         "loadpolicy throughput" + (" --smoke" if args.smoke else "") + "".join(f" --way {w}" for w in args.way or ())
     )
     command += "".join(f" --ep {ep}" for ep in args.ep or ())
-    if args.experts_implementation:
-        command += f" --experts-implementation {args.experts_implementation}"
+    # every option that differs from its default, so that the command reproduces the table
+    for option, value, default in (
+        ("--ranks", args.ranks, 4),
+        ("--steps", args.steps, 3),
+        ("--sequence", args.sequence, 512),
+        ("--experts-implementation", args.experts_implementation, None),
+        ("--adamw", args.adamw, "fused"),
+        ("--repeats", args.repeats, 1),
+    ):
+        if value != default and not args.smoke:
+            command += f" {option} {value}"
     (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
     (args.out / "throughput.md").write_text(render_markdown(rows, command, model.name, sequence), encoding="utf-8")
     print(render_markdown(rows, command, model.name, sequence))
