@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.bench.throughput import Row, _row, _shape, judge
+from loadpolicy.bench.throughput import Row, _row, _shape, dispatch_against_autoep, judge, render_markdown
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:
@@ -76,10 +77,6 @@ def test_a_failed_way_or_a_missing_reference_fails() -> None:
 
 
 def test_rounds_compare_dispatch_with_the_autoep_run_of_the_same_round() -> None:
-    from dataclasses import replace  # noqa: PLC0415
-
-    from loadpolicy.bench.throughput import dispatch_against_autoep, render_markdown  # noqa: PLC0415
-
     first, second = rows(), rows(dispatch={"steps": [{"forward": 1, "backward": 1, "optimizer": 2, "total": 4.0}] * 2})
     both = first + [replace(r, repeat=1) for r in second]
     # round 1: the same step time; round 2: dispatch takes twice AutoEP's 2.0 s

@@ -17,6 +17,9 @@ class LoadMeasurement(TypedDict):
     unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
     seconds: float
     touch_seconds: float  # touching every loaded tensor once afterwards: the reads a memory-mapped load deferred
+    # `deepspeed.initialize(model)` after touching, ZeRO-3 launches only (None otherwise): what is left to do before
+    # training, e.g. partitioning (and broadcasting) a model loaded whole
+    initialize_seconds: float | None
     rss_before: int
     anon_before: int
     file_before: int

@@ -142,6 +142,8 @@ class Row:
     error: str | None = None
     # slowest rank's load plus first touch of every tensor, per repeat: when its bytes are in memory, for every policy
     ready_seconds: dict[str, float] = field(default_factory=dict)
+    # ... plus `deepspeed.initialize(model)`, ZeRO-3 launches: how long until training can start
+    initialized_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _peak(rank: dict[str, Any], kind: str) -> float:
@@ -155,6 +157,16 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
 
     seconds = _summary([max(r["seconds"] for r in ranks_) for ranks_ in runs])
     ready = _summary([max(r["seconds"] + r["touch_seconds"] for r in ranks_) for ranks_ in runs])
+    initialized = (
+        _summary(
+            [
+                max(r["seconds"] + r["touch_seconds"] + (r["initialize_seconds"] or 0.0) for r in ranks_)
+                for ranks_ in runs
+            ]
+        )
+        if all(r["initialize_seconds"] is not None for ranks_ in runs for r in ranks_)
+        else {}
+    )
     ideal = statistics.median(max(r["owned_bytes"] + r["rss_before"] for r in ranks_) for ranks_ in runs) / GIB
     peak = per_repeat(lambda r: _peak(r, "total"))
     before = [max(ranks_, key=lambda r: r["rss_before"]) for ranks_ in runs]
@@ -166,6 +178,7 @@ def _row(model: BenchModel, params: int, case: Case, ranks: int, runs: list[list
         repeats=len(runs),
         seconds=seconds,
         ready_seconds=ready,
+        initialized_seconds=initialized,
         peak_gib=peak,
         peak_anon_gib=per_repeat(lambda r: _peak(r, "anon")),
         peak_file_gib=per_repeat(lambda r: _peak(r, "file")),
@@ -243,7 +256,7 @@ def render_table(rows: list[Row], header: bool = True) -> str:
     lines = []
     if header:
         lines.append(
-            f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'+touch s':>8} "
+            f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'+touch s':>8} {'+init s':>7} "
             f"{'peak GiB/rank':>22} {'anon/file':>11} {'loading':>7} {'touched':>7} {'read GiB':>8} {'read/rank':>9} "
             f"{'rchar/rank':>10} {'ideal':>6} {'peak/ideal':>10}"
         )
@@ -255,6 +268,7 @@ def render_table(rows: list[Row], header: bool = True) -> str:
         lines.append(
             f"{r.model:<11} {r.case:<30} {r.ranks:>5} {s['median']:>7.2f} ({s['min']:.2f}-{s['max']:.2f}) "
             f"{r.ready_seconds.get('median', float('nan')):>8.2f} "
+            f"{r.initialized_seconds.get('median', float('nan')):>7.2f} "
             f"{p['median']:>9.2f} ({p['min']:.2f}-{p['max']:.2f}) "
             f"{r.peak_anon_gib['median']:>5.2f}/{r.peak_file_gib['median']:<5.2f} "
             f"{r.load_peak_gib['median']:>7.2f} {r.held_gib['median']:>7.2f} "
