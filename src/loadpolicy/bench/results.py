@@ -56,5 +56,7 @@ class ThroughputRank(TypedDict):
     steps: list[StepTimes]  # the measured steps (after warm-up)
     collectives: dict[str, float]  # seconds of one profiled step in each kind of collective
     profile_top: dict[str, float]  # the operators of that step that took the most CPU time themselves, seconds
+    # the same per phase of that step ("forward", "backward", "optimizer"), each profiled on its own
+    profile_top_by_phase: dict[str, dict[str, float]]
     peak_training_bytes: int  # VmHWM over the training steps
     threads: int

@@ -108,10 +108,37 @@ def _collective_seconds(profile: Any) -> dict[str, float]:
     return dict(seconds)
 
 
-def _top_events(profile: Any, count: int = 12) -> dict[str, float]:
-    """The operators of one profiled step that took the most CPU time themselves, in seconds."""
-    events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
-    return {event.key: event.self_cpu_time_total / 1e6 for event in events}
+def _all_events(profile: Any) -> dict[str, float]:
+    """Every operator of a profile with the CPU time it took itself, in seconds."""
+    return {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
+
+
+def _top(seconds: dict[str, float], count: int = 12) -> dict[str, float]:
+    return dict(sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count])
+
+
+def _summed(by_phase: dict[str, dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
+    for seconds in by_phase.values():
+        for key, value in seconds.items():
+            total[key] += value
+    return dict(total)
+
+
+def _profiled_step(engine: Any, ids: Any) -> dict[str, Any]:
+    """One step with each phase profiled on its own, so that an operator's time is told apart by phase."""
+
+    def profiler() -> Any:
+        return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+    torch.distributed.barrier()
+    with profiler() as forward:
+        loss = engine(input_ids=ids, labels=ids).loss
+    with profiler() as backward:
+        engine.backward(loss)
+    with profiler() as optimizer:
+        engine.step()
+    return {"forward": forward, "backward": backward, "optimizer": optimizer}
 
 
 def _step(engine: Any, ids: Any) -> tuple[float, StepTimes]:
@@ -165,8 +192,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
             steps.append(times)
     peak = memory_status()["VmHWM"]
     this.stage("profiled step")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        _step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine])
+    phases = _profiled_step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine])
     return {
         "rank": rank,
         "way": spec["way"],
@@ -175,8 +201,9 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
         "distinct_batches": distinct_batches(spec, world),
         "losses": losses,
         "steps": steps,
-        "collectives": _collective_seconds(profile),
-        "profile_top": _top_events(profile),
+        "collectives": _summed({phase: _collective_seconds(profile) for phase, profile in phases.items()}),
+        "profile_top": _top(_summed({phase: _all_events(profile) for phase, profile in phases.items()})),
+        "profile_top_by_phase": {phase: _top(_all_events(profile), 20) for phase, profile in phases.items()},
         "peak_training_bytes": peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
     }

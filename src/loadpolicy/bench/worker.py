@@ -71,19 +71,23 @@ def _initialize(model: Any, config: dict[str, Any]) -> float:
     return time.perf_counter() - start
 
 
+def _zero3_config(world: int) -> dict[str, Any]:
+    # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
+    return {
+        "zero_optimization": {"stage": 3},
+        "bf16": {"enabled": True},
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+    }
+
+
 def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     rank, world = this.rank, this.world_size
-    # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
-    zero3 = {
-        "zero_optimization": {"stage": 3},
-        "bf16": {"enabled": True},
-        "train_batch_size": world,
-        "train_micro_batch_size_per_gpu": 1,
-    }
+    zero3 = _zero3_config(world)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
     import deepspeed  # noqa: PLC0415
 
