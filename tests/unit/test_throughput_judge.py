@@ -24,6 +24,7 @@ def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batc
         "collectives": {"all-to-all": 0.01},
         "profile_top": {"aten::mm": 0.5},
         "profile_top_by_phase": {"forward": {"aten::mm": 0.2}, "backward": {"aten::mm": 0.3}, "optimizer": {}},
+        "profile_calls_by_phase": {"forward": {"aten::mm": 40}, "backward": {"aten::mm": 80}, "optimizer": {}},
         "peak_training_bytes": 2**30,
         "threads": 1,
     }

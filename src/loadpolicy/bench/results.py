@@ -58,5 +58,6 @@ class ThroughputRank(TypedDict):
     profile_top: dict[str, float]  # the operators of that step that took the most CPU time themselves, seconds
     # the same per phase of that step ("forward", "backward", "optimizer"), each profiled on its own
     profile_top_by_phase: dict[str, dict[str, float]]
+    profile_calls_by_phase: dict[str, dict[str, int]]  # how many times each of those operators ran
     peak_training_bytes: int  # VmHWM over the training steps
     threads: int

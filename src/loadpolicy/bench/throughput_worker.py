@@ -113,6 +113,12 @@ def _all_events(profile: Any) -> dict[str, float]:
     return {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
 
 
+def _calls(profile: Any, count: int = 20) -> dict[str, int]:
+    """How many times each of the operators of `_top(_all_events(profile), count)` ran."""
+    calls = {event.key: int(event.count) for event in profile.key_averages()}
+    return {key: calls[key] for key in _top(_all_events(profile), count)}
+
+
 def _top(seconds: dict[str, float], count: int = 12) -> dict[str, float]:
     return dict(sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count])
 
@@ -204,6 +210,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
         "collectives": _summed({phase: _collective_seconds(profile) for phase, profile in phases.items()}),
         "profile_top": _top(_summed({phase: _all_events(profile) for phase, profile in phases.items()})),
         "profile_top_by_phase": {phase: _top(_all_events(profile), 20) for phase, profile in phases.items()},
+        "profile_calls_by_phase": {phase: _calls(profile) for phase, profile in phases.items()},
         "peak_training_bytes": peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
     }
