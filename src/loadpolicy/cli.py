@@ -15,7 +15,7 @@ from loadpolicy.bench import run as bench_command
 from loadpolicy.bench import throughput as throughput_command
 from loadpolicy.dsconfig import keeps_flat_partitions, read_config, read_zero_stage, zero_stage_of
 from loadpolicy.explain import explain
-from loadpolicy.harness.launch import ValidationFailedError
+from loadpolicy.harness.launch import ValidationFailedError, positive_int
 from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadInputs, LoadPolicyError, ParallelSizes, parse_policy_name
 from loadpolicy.sizes import RawSizes, normalise_sizes
@@ -35,16 +35,6 @@ EXAMPLES: dict[str, tuple[dict[str, object] | None, RawSizes]] = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "explain",
@@ -56,10 +46,10 @@ def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     source.add_argument("--example", choices=sorted(EXAMPLES), help="explain a built-in example launch")
     sizes = parser.add_argument_group("DistributedConfig sizes (as passed to from_pretrained)")
     for flag in ("--tp-size", "--ep-size", "--fsdp-size", "--pp-size", "--dp-replicate-size"):
-        sizes.add_argument(flag, type=_positive_int, metavar="N")
+        sizes.add_argument(flag, type=positive_int, metavar="N")
     sizes.add_argument("--enable-expert-parallel", action="store_true", help="the deprecated DistributedConfig flag")
     sizes.add_argument(
-        "--world-size", type=_positive_int, default=1, metavar="N", help="for tp_size derived by tp_plan"
+        "--world-size", type=positive_int, default=1, metavar="N", help="for tp_size derived by tp_plan"
     )
     sizes.add_argument("--tp-plan", action="store_true", help="a tp_plan is given (tp_size derived from world size)")
     parser.add_argument("--quantized", action="store_true", help="the model is quantized (a quantization_config)")

@@ -24,7 +24,7 @@ from typing import Literal
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
 from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker, positive_int
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
 
@@ -267,7 +267,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="torch AdamW for every way: `fused=True` (default), or torch's CPU default, which loops over the tensors",
     )
     parser.add_argument(
-        "--repeats", type=int, default=1, help="interleaved rounds of every way (default 1; one row per round)"
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="interleaved rounds of every way (default 1; one row per round)",
     )
     add_launch_arguments(parser, timeout=900.0)
     parser.set_defaults(handler=_run)

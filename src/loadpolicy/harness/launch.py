@@ -39,6 +39,17 @@ class Launcher(enum.StrEnum):
     ACCELERATE = "accelerate"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, or an error naming what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
     """--timeout (the bound on each launch), --patches (the series) and --cache (the sdist), as every command has."""
     parser.add_argument("--timeout", type=float, default=timeout, help="bound on each launch, in seconds")
