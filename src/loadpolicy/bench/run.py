@@ -28,7 +28,7 @@ from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.bench.results import LoadMeasurement
-from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker, positive_int
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import LoadingBranch, PolicyName
@@ -312,7 +312,7 @@ def plot(rows: list[Row], path: Path) -> None:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="time and peak memory per rank of from_pretrained, every policy")
     parser.add_argument("--smoke", action="store_true", help="tiny models at 2 ranks, once: proves the bench works")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     add_launch_arguments(parser, timeout=300.0)
     parser.set_defaults(handler=_run)

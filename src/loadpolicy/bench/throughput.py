@@ -250,10 +250,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--out", type=Path, default=Path("build/throughput"), help="work and report directory")
     parser.add_argument("--smoke", action="store_true", help="the CI size: a tiny MoE at 2 ranks, ep 2")
-    parser.add_argument("--ranks", type=int, default=4, help="world size (default 4)")
-    parser.add_argument("--ep", type=int, action="append", help="expert-parallel size (repeatable; default 4 and 2)")
-    parser.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up step (default 3)")
-    parser.add_argument("--sequence", type=int, default=512, help="tokens per micro-batch (default 512)")
+    parser.add_argument("--ranks", type=positive_int, default=4, help="world size (default 4)")
+    parser.add_argument(
+        "--ep", type=positive_int, action="append", help="expert-parallel size (repeatable; default 4 and 2)"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=3, help="measured steps after one warm-up step (default 3)"
+    )
+    parser.add_argument("--sequence", type=positive_int, default=512, help="tokens per micro-batch (default 512)")
     parser.add_argument("--way", action="append", choices=list(WAYS), help="only this way (repeatable; default all)")
     parser.add_argument(
         "--experts-implementation",
@@ -310,7 +314,7 @@ def _run(args: argparse.Namespace) -> str:
         ("--adamw", args.adamw, "fused"),
         ("--repeats", args.repeats, 1),
     ):
-        if value != default and not args.smoke:
+        if value != default and not (args.smoke and option in ("--ranks", "--sequence")):  # smoke sets these
             command += f" {option} {value}"
     (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
     (args.out / "throughput.md").write_text(render_markdown(rows, command, model.name, sequence), encoding="utf-8")

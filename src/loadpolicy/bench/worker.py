@@ -109,6 +109,8 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
     owned, touch_seconds = _touch_every_tensor(model)
     held = memory_status()
     io_touched = io_counters()  # pages of memory-mapped tensors that loading left untouched are read on first use
+    # what loading partitioned, before `deepspeed.initialize` partitions the rest
+    unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
     initialize_seconds = _initialize(model, zero3) if spec["zero3"] else None
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
@@ -116,7 +118,7 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
         "policy": None if policy is None else type(policy).__name__,
         "loading_branch": None if policy is None else policy.loading_branch.value,
         "transformers_file": transformers.__file__,
-        "unpartitioned": sum(not hasattr(p, "ds_id") for p in model.parameters()),
+        "unpartitioned": unpartitioned,
         "seconds": seconds,
         "touch_seconds": touch_seconds,
         "initialize_seconds": initialize_seconds,
