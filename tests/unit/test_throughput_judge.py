@@ -79,9 +79,12 @@ def test_a_failed_way_or_a_missing_reference_fails() -> None:
 
 
 def test_rounds_compare_dispatch_with_the_autoep_run_of_the_same_round() -> None:
-    first, second = rows(), rows(dispatch={"steps": [{"forward": 1, "backward": 1, "optimizer": 2, "total": 4.0}] * 2})
+    def steps(total: float) -> dict[str, Any]:
+        return {"steps": [{"forward": 1, "backward": 1, "optimizer": total - 2, "total": total}] * 2}
+
+    first, second = rows(), rows(dispatch=steps(8.0), autoep=steps(4.0))
     both = first + [replace(r, repeat=1) for r in second]
-    # round 1: the same step time; round 2: dispatch takes twice AutoEP's 2.0 s
+    # round 1: the same step time; round 2: dispatch takes twice the 4.0 s of that round's AutoEP (not of round 1's)
     assert dispatch_against_autoep(both) == {2: [pytest.approx(1.0), pytest.approx(0.5)]}
     table = render_markdown(both, "loadpolicy throughput --repeats 2", "tiny", 64)
     assert "| round | way |" in table

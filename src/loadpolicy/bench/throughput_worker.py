@@ -15,6 +15,7 @@ for `tp_ep`), drawn from one seeded generator. Writes OUT/rank<R>.json (`results
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
@@ -108,53 +109,41 @@ def _collective_seconds(profile: Any) -> dict[str, float]:
     return dict(seconds)
 
 
-def _all_events(profile: Any) -> dict[str, float]:
-    """Every operator of a profile with the CPU time it took itself, in seconds."""
-    return {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
+def _events(profile: Any, count: int = 20) -> tuple[dict[str, float], dict[str, int]]:
+    """The `count` operators of a profile that took the most CPU time themselves (seconds), and how often each ran."""
+    events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
+    return {e.key: e.self_cpu_time_total / 1e6 for e in events}, {e.key: int(e.count) for e in events}
 
 
-def _calls(profile: Any, count: int = 20) -> dict[str, int]:
-    """How many times each of the operators of `_top(_all_events(profile), count)` ran."""
-    calls = {event.key: int(event.count) for event in profile.key_averages()}
-    return {key: calls[key] for key in _top(_all_events(profile), count)}
-
-
-def _top(seconds: dict[str, float], count: int = 12) -> dict[str, float]:
-    return dict(sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count])
-
-
-def _summed(by_phase: dict[str, dict[str, float]]) -> dict[str, float]:
+def _summed(by_phase: list[dict[str, float]], count: int | None = None) -> dict[str, float]:
+    """Seconds per key summed over the phases; the `count` largest when given."""
     total: dict[str, float] = defaultdict(float)
-    for seconds in by_phase.values():
+    for seconds in by_phase:
         for key, value in seconds.items():
             total[key] += value
-    return dict(total)
+    return dict(sorted(total.items(), key=lambda item: item[1], reverse=True)[:count])
 
 
-def _profiled_step(engine: Any, ids: Any) -> dict[str, Any]:
-    """One step with each phase profiled on its own, so that an operator's time is told apart by phase."""
+def _step(engine: Any, ids: Any, profiles: dict[str, Any] | None = None) -> tuple[float, StepTimes]:
+    """One training step, every rank starting together; with `profiles`, each phase is profiled on its own into it,
+    so that an operator's time is told apart by phase."""
 
-    def profiler() -> Any:
-        return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    def phase(name: str) -> Any:
+        if profiles is None:
+            return contextlib.nullcontext()
+        profiles[name] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        return profiles[name]
 
-    torch.distributed.barrier()
-    with profiler() as forward:
-        loss = engine(input_ids=ids, labels=ids).loss
-    with profiler() as backward:
-        engine.backward(loss)
-    with profiler() as optimizer:
-        engine.step()
-    return {"forward": forward, "backward": backward, "optimizer": optimizer}
-
-
-def _step(engine: Any, ids: Any) -> tuple[float, StepTimes]:
     torch.distributed.barrier()
     start = time.perf_counter()
-    loss = engine(input_ids=ids, labels=ids).loss
+    with phase("forward"):
+        loss = engine(input_ids=ids, labels=ids).loss
     forward = time.perf_counter()
-    engine.backward(loss)
+    with phase("backward"):
+        engine.backward(loss)
     backward = time.perf_counter()
-    engine.step()
+    with phase("optimizer"):
+        engine.step()
     end = time.perf_counter()
     times: StepTimes = {
         "forward": forward - start,
@@ -183,7 +172,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
     this.stage("deepspeed.initialize")
     # `fused=True` for every way alike unless asked otherwise: torch's CPU default loops over the tensors and allocates
     # its temporaries at each step, which moved a step by more than the way did (docs/training.md)
-    fused = {"fused": True} if spec.get("adamw", "fused") == "fused" else {}
+    fused = {"fused": True} if spec["adamw"] == "fused" else {}
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, **fused)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -198,7 +187,10 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
             steps.append(times)
     peak = memory_status()["VmHWM"]
     this.stage("profiled step")
-    phases = _profiled_step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine])
+    phases: dict[str, Any] = {}
+    _step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine], phases)
+    events = {phase: _events(profile) for phase, profile in phases.items()}
+    every_event = [_events(profile, count=10_000)[0] for profile in phases.values()]
     return {
         "rank": rank,
         "way": spec["way"],
@@ -207,10 +199,10 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
         "distinct_batches": distinct_batches(spec, world),
         "losses": losses,
         "steps": steps,
-        "collectives": _summed({phase: _collective_seconds(profile) for phase, profile in phases.items()}),
-        "profile_top": _top(_summed({phase: _all_events(profile) for phase, profile in phases.items()})),
-        "profile_top_by_phase": {phase: _top(_all_events(profile), 20) for phase, profile in phases.items()},
-        "profile_calls_by_phase": {phase: _calls(profile) for phase, profile in phases.items()},
+        "collectives": _summed([_collective_seconds(profile) for profile in phases.values()]),
+        "profile_top": _summed(every_event, count=12),
+        "profile_top_by_phase": {phase: seconds for phase, (seconds, _) in events.items()},
+        "profile_calls_by_phase": {phase: calls for phase, (_, calls) in events.items()},
         "peak_training_bytes": peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
     }
