@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,14 +14,13 @@ from loadpolicy import doctor
 from loadpolicy.bench import autoep as autoep_command
 from loadpolicy.bench import run as bench_command
 from loadpolicy.bench import throughput as throughput_command
-from loadpolicy.dsconfig import keeps_flat_partitions, read_config, read_zero_stage, zero_stage_of
+from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.explain import explain
-from loadpolicy.harness.launch import ValidationFailedError, positive_int
+from loadpolicy.launch_inputs import launch_of, read_launch
 from loadpolicy.plan import command as plan_command
-from loadpolicy.policy import LoadInputs, LoadPolicyError, ParallelSizes, parse_policy_name
-from loadpolicy.sizes import RawSizes, normalise_sizes
+from loadpolicy.policy import LoadPolicyError, parse_policy_name
+from loadpolicy.sizes import RawSizes
 from loadpolicy.upstream import commands as upstream_commands
-from loadpolicy.upstream.pin import UpstreamError
 from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command
 
@@ -49,7 +49,7 @@ def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         sizes.add_argument(flag, type=positive_int, metavar="N")
     sizes.add_argument("--enable-expert-parallel", action="store_true", help="the deprecated DistributedConfig flag")
     sizes.add_argument(
-        "--world-size", type=positive_int, default=1, metavar="N", help="for tp_size derived by tp_plan"
+        "--world-size", type=positive_int, metavar="N", help="for tp_size derived by tp_plan (default 1)"
     )
     sizes.add_argument("--tp-plan", action="store_true", help="a tp_plan is given (tp_size derived from world size)")
     parser.add_argument("--quantized", action="store_true", help="the model is quantized (a quantization_config)")
@@ -61,14 +61,34 @@ def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.set_defaults(handler=_run_explain)
 
 
+def _sizes_given(args: argparse.Namespace) -> list[str]:
+    """The size options given on the command line, as the user spelled them."""
+    given = [f"--{name.replace('_', '-')}" for name in _SIZE_OPTIONS if getattr(args, name) is not None]
+    given += [
+        flag
+        for flag, on in (("--enable-expert-parallel", args.enable_expert_parallel), ("--tp-plan", args.tp_plan))
+        if on
+    ]
+    return given
+
+
+_SIZE_OPTIONS = ("tp_size", "ep_size", "fsdp_size", "pp_size", "dp_replicate_size", "world_size")
+
+
 def _run_explain(args: argparse.Namespace) -> str:
+    requested = None if args.policy is None else parse_policy_name(args.policy)
+    flags = {"quantized": args.quantized, "outer_zero3_init": args.outer_zero3_init, "requested": requested}
     if args.example is not None:
+        if given := _sizes_given(args):
+            ds_config, raw = EXAMPLES[args.example]
+            raise CommandError(
+                f"--example {args.example} fixes the launch (DeepSpeed config {json.dumps(ds_config)}, "
+                f"{raw.describe()}) and would ignore {', '.join(given)}; accepted: --example alone, or your own "
+                "launch as --deepspeed-config FILE (examples/ds_zero3.json) with the size options."
+            )
         ds_config, raw = EXAMPLES[args.example]
-        stage = 0 if ds_config is None else zero_stage_of(ds_config, source=f"example {args.example!r}")
+        launch = launch_of(ds_config, f"example {args.example!r}", raw, **flags)
     else:
-        ds_config = None if args.deepspeed_config is None else read_config(args.deepspeed_config)
-        source = f"DeepSpeed config {str(args.deepspeed_config)!r}"
-        stage = 0 if ds_config is None else zero_stage_of(ds_config, source=source)
         raw = RawSizes(
             tp_size=args.tp_size,
             ep_size=args.ep_size,
@@ -78,16 +98,8 @@ def _run_explain(args: argparse.Namespace) -> str:
             enable_expert_parallel=args.enable_expert_parallel,
             tp_plan_given=args.tp_plan,
         )
-    normalised = normalise_sizes(raw, world_size=args.world_size)
-    inputs = LoadInputs(
-        zero3_enabled=stage == 3,
-        quantized=args.quantized,
-        outer_zero3_init=args.outer_zero3_init,
-        zero3_flat_partitions=ds_config is not None and keeps_flat_partitions(ds_config),
-        sizes=normalised.sizes,
-        requested=None if args.policy is None else parse_policy_name(args.policy),
-    )
-    explanation = explain(inputs, warnings=normalised.warnings)
+        launch = read_launch(args.deepspeed_config, raw, world_size=args.world_size or 1, **flags)
+    explanation = explain(launch.inputs, warnings=launch.warnings)
     return explanation.to_json() if args.json else explanation.to_text()
 
 
@@ -98,23 +110,26 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     parser.add_argument("--deepspeed-config", type=Path, required=True, metavar="JSON")
     parser.add_argument("--deepspeed-version", help="the DeepSpeed that will run it (default: the installed one)")
     for flag in ("--tp-size", "--ep-size", "--fsdp-size"):
-        parser.add_argument(flag, type=int, default=1, help="the launch's DistributedConfig size (default 1)")
+        parser.add_argument(
+            flag, type=positive_int, metavar="N", help="the launch's DistributedConfig size (default: unset)"
+        )
     parser.set_defaults(handler=_run_doctor)
 
 
 def _run_doctor(args: argparse.Namespace) -> str:
-    stage = read_zero_stage(args.deepspeed_config)
-    config = json.loads(args.deepspeed_config.read_text(encoding="utf-8"))
+    raw = RawSizes(tp_size=args.tp_size, ep_size=args.ep_size, fsdp_size=args.fsdp_size)
+    launch = read_launch(args.deepspeed_config, raw)
+    assert launch.config is not None  # --deepspeed-config is required
     version = args.deepspeed_version
     if version is None:
         try:
             version = importlib.metadata.version("deepspeed")
         except importlib.metadata.PackageNotFoundError:
             version = None
-    sizes = ParallelSizes(tp=args.tp_size, ep=args.ep_size, fsdp=args.fsdp_size)
-    findings = doctor.check_deepspeed_config(config, version, sizes)
-    lines = [f"ZeRO stage {stage}, DeepSpeed {version or '(not installed)'}"]
+    findings = doctor.check_deepspeed_config(launch.config, version, launch.inputs.sizes)
+    lines = [f"ZeRO stage {launch.stage}, DeepSpeed {version or '(not installed)'}"]
     lines += [f"{f.severity}: [{f.check}] {f.message}" for f in findings]
+    lines += [f"warning: {warning}" for warning in launch.warnings]
     if any(f.severity is doctor.Severity.ERROR for f in findings):
         raise LoadPolicyError("\n".join(lines))
     return "\n".join(lines)
@@ -140,17 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output = args.handler(args)
-    except (
-        LoadPolicyError,
-        UpstreamError,
-        ValidationFailedError,
-        bench_command.BenchFailedError,
-        plan_command.CalibrationMissError,
-        mutants_command.MutationError,
-    ) as exc:
-        print(f"loadpolicy {args.command}: error: {exc}", file=sys.stderr)
+        print(output)
+        sys.stdout.flush()
+    except (LoadPolicyError, CommandError) as exc:
+        action = getattr(args, "series_command", None) or getattr(args, "mode", None)
+        print(f"loadpolicy {args.command}{f' {action}' if action else ''}: error: {exc}", file=sys.stderr)
         return 2
-    print(output)
+    except BrokenPipeError:
+        # `loadpolicy explain ... | head`: the reader left; say nothing, and keep Python from reporting it at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

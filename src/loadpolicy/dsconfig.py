@@ -30,6 +30,53 @@ def zero_stage_of(config: object, source: str = "DeepSpeed config") -> int:
     return int(stage)
 
 
+# DeepSpeed's `OffloadDeviceEnum`: the values `offload_param.device` and `offload_optimizer.device` accept.
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def check_sections(config: dict[str, object], source: str = "DeepSpeed config") -> None:
+    """Refuse sections of the wrong type that the policy and `doctor` read, as DeepSpeed itself would refuse them.
+
+    Reading `"offload_param": "cpu"` as "no offload", or `"enabled": "false"` as true, would explain a launch that
+    DeepSpeed then rejects or runs differently; the message names the section, the value and what is accepted.
+    """
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise LoadPolicyError(f"{source}: `zero_optimization` must be an object, got {zero!r}.")
+    for key in ("offload_param", "offload_optimizer"):
+        section = zero.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise LoadPolicyError(
+                f'{source}: `zero_optimization.{key}` must be an object such as {{"device": "cpu"}}, got {section!r}.'
+            )
+        device = section.get("device", "none")
+        if device not in OFFLOAD_DEVICES:
+            raise LoadPolicyError(
+                f"{source}: `zero_optimization.{key}.device` is {device!r}; accepted: "
+                f"{', '.join(map(repr, OFFLOAD_DEVICES))}."
+            )
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    if isinstance(hpz, bool) or not isinstance(hpz, int) or hpz < 1:
+        raise LoadPolicyError(
+            f"{source}: `zero_optimization.zero_hpz_partition_size` must be an integer >= 1, got {hpz!r}."
+        )
+    _require_bool(zero, "zero_quantized_nontrainable_weights", f"{source}: `zero_optimization.")
+    autoep = config.get("expert_parallel", {})
+    if not isinstance(autoep, dict):
+        raise LoadPolicyError(
+            f'{source}: `expert_parallel` must be an object such as {{"enabled": true}}, got {autoep!r}.'
+        )
+    _require_bool(autoep, "enabled", f"{source}: `expert_parallel.")
+
+
+def _require_bool(section: dict[str, object], key: str, where: str) -> None:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise LoadPolicyError(f"{where}{key}` must be true or false (a JSON boolean), got {value!r}.")
+
+
 def keeps_flat_partitions(config: dict[str, object]) -> bool:
     """Whether ZeRO-3 keeps each rank's share of a parameter as one flat slice in `ds_tensor`, and nothing else.
 

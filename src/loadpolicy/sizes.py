@@ -25,6 +25,17 @@ class RawSizes:
     enable_expert_parallel: bool = False
     tp_plan_given: bool = False
 
+    def describe(self) -> str:
+        """The sizes given, as `DistributedConfig(...)` keyword arguments."""
+        given = [
+            f"{name}={getattr(self, name)}"
+            for name in ("tp_size", "ep_size", "fsdp_size", "pp_size", "dp_replicate_size")
+            if getattr(self, name) is not None
+        ]
+        if self.enable_expert_parallel:
+            given.append("enable_expert_parallel=True")
+        return ", ".join(given) or "no sizes"
+
 
 @dataclass(frozen=True, slots=True)
 class NormalisedSizes:
@@ -83,7 +94,13 @@ def normalise_sizes(raw: RawSizes, world_size: int = 1) -> NormalisedSizes:
         if ep % tp:
             raise LoadPolicyError(f"`ep_size` ({ep}) must be a multiple of `tp_size` ({tp}).")
         if (fsdp * tp) % ep:
-            raise LoadPolicyError(f"`ep_size` ({ep}) must divide `fsdp_size * tp_size` ({fsdp} * {tp}).")
+            # transformers' message as the series words it: `ep_size` alone is the first thing users write
+            raise LoadPolicyError(
+                f"`ep_size` ({ep}) must divide `fsdp_size * tp_size` ({fsdp} * {tp}). For every rank on its own "
+                "batch, tokens sent to their experts by all-to-all, write `DistributedConfig(fsdp_size=<world size>, "
+                f"ep_size={ep})`; for the {ep} ranks to share a batch, "
+                f"`DistributedConfig(tp_size={ep}, ep_size={ep})`."
+            )
     if dp_replicate * fsdp > 1 and pp > 1:
         raise LoadPolicyError(
             f"FSDP (fsdp_size={fsdp}, dp_replicate_size={dp_replicate}) cannot be combined with pipeline "

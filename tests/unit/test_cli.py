@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +86,7 @@ def test_enable_expert_parallel_alone_warns_that_ep_is_off(stage3: Path, capsys:
         (["--policy", "fast"], "accepted: 'Zero3Init', 'MetaShardOnRead', 'EPMeta'"),
         (["--deepspeed-config", "/nonexistent/ds.json"], "Cannot read DeepSpeed config"),
         (["--tp-size", "2", "--ep-size", "3"], "`ep_size` (3) must be a multiple of `tp_size` (2)"),
-        (["--policy", "EPMeta"], "'EPMeta' was requested"),
+        (["--policy", "EPMeta"], "--policy EPMeta loads under DeepSpeed ZeRO-3"),
     ],
 )
 def test_bad_input_exits_non_zero_with_message(
@@ -133,3 +135,45 @@ def test_explain_dense_zero3_reads_partitions_unless_hpz(tmp_path: Path, zero: d
     result = run("explain", "--deepspeed-config", str(config), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["decisions"]["loading_branch"]["value"] == branch
+
+
+def _readme_commands(prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(command, its trailing `# comment`) for each README line in an sh block that starts with one of `prefixes`."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL):
+        for line in block.splitlines():
+            command, _, comment = line.partition("#")
+            if command.startswith(prefixes):
+                found.append((command.strip(), comment.strip()))
+    return found
+
+
+README_EXAMPLES = _readme_commands(("loadpolicy explain", "loadpolicy doctor"))
+
+
+def test_the_readme_shows_explain_and_doctor() -> None:
+    assert len(README_EXAMPLES) >= 6, README_EXAMPLES
+
+
+@pytest.mark.parametrize(("command", "comment"), README_EXAMPLES, ids=[c for c, _ in README_EXAMPLES])
+def test_readme_examples_do_what_their_comments_say(command: str, comment: str) -> None:
+    """Run from the repository root as the README's reader does; `# EPMeta` means that policy, `# error` exit 2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loadpolicy", *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "Traceback" not in result.stderr
+    if "error" in comment:
+        assert result.returncode == 2
+        assert result.stderr.startswith("loadpolicy ")
+        return
+    assert result.returncode == 0, result.stderr
+    policy = comment.split(",")[0].split()[0] if comment else ""
+    if policy in ("EPMeta", "Zero3Init", "MetaShardOnRead"):
+        shown = json.loads(result.stdout)["policy"] if "--json" in command else result.stdout.split()[1]
+        assert shown == policy

@@ -74,3 +74,47 @@ def test_the_shared_batch_shape_points_at_token_dispatch() -> None:
     assert any(f.check == "shared-batch-ep" and "fsdp_size=<world size>, ep_size=4" in f.message for f in shared)
     dispatch = check_deepspeed_config(config, "0.19.8", ParallelSizes(fsdp=4, ep=4))
     assert not any(f.check == "shared-batch-ep" for f in dispatch)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [],
+        ["--fsdp-size", "2"],
+        ["--ep-size", "2"],
+        ["--ep-size", "3", "--fsdp-size", "2"],
+        ["--fsdp-size", "4", "--ep-size", "2"],
+        ["--tp-size", "2", "--ep-size", "2"],
+        ["--tp-size", "2"],
+        ["--tp-size", "2", "--ep-size", "3"],
+    ],
+)
+def test_doctor_and_explain_agree_on_the_launch(
+    sizes: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One validation of the launch's sizes: a launch `explain` refuses, `doctor` refuses with the same message."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(zero3()), encoding="utf-8")
+    explained = main(["explain", "--deepspeed-config", str(path), *sizes])
+    explain_error = capsys.readouterr().err.partition("error: ")[2]
+    doctored = main(["doctor", "--deepspeed-config", str(path), "--deepspeed-version", "0.19.8", *sizes])
+    doctor_error = capsys.readouterr().err.partition("error: ")[2]
+    assert explained == doctored
+    assert explain_error == doctor_error
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({"zero_optimization": {"stage": 3, "offload_param": "cpu"}}, "`zero_optimization.offload_param` must be"),
+        ({"zero_optimization": {"stage": 3}, "expert_parallel": {"enabled": "false"}}, "`expert_parallel.enabled`"),
+        ({"zero_optimization": {"stage": 3}, "expert_parallel": True}, "`expert_parallel` must be an object"),
+    ],
+)
+def test_sections_of_the_wrong_type_are_named(
+    config: dict[str, object], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main(["doctor", "--deepspeed-config", str(path)]) == 2
+    assert needle in capsys.readouterr().err

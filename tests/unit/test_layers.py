@@ -15,6 +15,8 @@ LAYERS = {
     "shape": 0,
     "sizes": 0,
     "dsconfig": 0,
+    "errors": 0,
+    "launch_inputs": 1,
     "live": 1,
     "explain": 1,
     "doctor": 1,

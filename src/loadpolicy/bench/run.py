@@ -28,7 +28,8 @@ from typing import Any
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.bench.results import LoadMeasurement
-from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker, positive_int
+from loadpolicy.errors import CommandError, positive_int
+from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import LoadingBranch, PolicyName
@@ -336,5 +337,5 @@ def _run(args: argparse.Namespace) -> str:
     return "benchmark done"
 
 
-class BenchFailedError(RuntimeError):
+class BenchFailedError(CommandError):
     """A benchmark launch failed or selected another policy than its case."""

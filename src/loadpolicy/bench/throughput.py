@@ -24,7 +24,8 @@ from typing import Literal
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
 from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker, positive_int
+from loadpolicy.errors import positive_int
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
 

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import loadpolicy
+from loadpolicy.errors import CommandError, positive_seconds
 from loadpolicy.harness.rank import Contract, RankFailure, parse, read_raw, transformers_file
 
 
 OUR_SRC = Path(loadpolicy.__file__).resolve().parent.parent
 
 
-class ValidationFailedError(RuntimeError):
+class ValidationFailedError(CommandError):
     """A run did not behave as expected: a patched case failed, or a stock case passed that should fail."""
 
 
@@ -39,20 +40,9 @@ class Launcher(enum.StrEnum):
     ACCELERATE = "accelerate"
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1, or an error naming what was given."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
     """--timeout (the bound on each launch), --patches (the series) and --cache (the sdist), as every command has."""
-    parser.add_argument("--timeout", type=float, default=timeout, help="bound on each launch, in seconds")
+    parser.add_argument("--timeout", type=positive_seconds, default=timeout, help="bound on each launch, in seconds")
     parser.add_argument("--patches", type=Path, default=Path("patches"), help="series directory (default: patches)")
     parser.add_argument("--cache", type=Path, default=Path("build/cache"), help="sdist cache (default: build/cache)")
 

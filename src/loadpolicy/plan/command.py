@@ -15,10 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.errors import CommandError, missing_extra, non_negative_float, positive_int
 from loadpolicy.plan.calibrate import TOLERANCE, calibrate, misses, render_calibration
 from loadpolicy.plan.configs import PUBLISHED, published_config
 from loadpolicy.plan.cost import Device, Launch, Plan, predict
-from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
+from loadpolicy.plan.inventory import DTYPE_BYTES, config_from_dict, inventory_from_config
 from loadpolicy.plan.project import plot_projection, project, render_projection
 from loadpolicy.policy import PolicyName, parse_policy_name
 from loadpolicy.shape import LaunchShape
@@ -67,9 +68,41 @@ def launch_shape(args: argparse.Namespace) -> LaunchShape:
     return dataclasses.replace(shape, flat_partitions=not args.gather_and_copy)
 
 
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """A `config.json` (or a directory holding one), with an error naming what is wrong with it."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        where = f"{str(path)!r} has no config.json" if path.is_dir() else f"{str(file)!r} does not exist"
+        raise CommandError(f"--config: {where}; accepted: a model's config.json or the directory holding it") from None
+    except OSError as exc:
+        raise CommandError(f"--config: cannot read {str(file)!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"--config: {str(file)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        found = type(raw).__name__ if not isinstance(raw, dict) else f"model_type {raw.get('model_type')!r}"
+        raise CommandError(
+            f"--config: {str(file)!r} names no model type ({found}); accepted: a transformers config.json with a "
+            '"model_type" string, e.g. "qwen3_moe"'
+        )
+    return raw
+
+
+def _inventory(args: argparse.Namespace) -> Any:
+    try:
+        config = published_config(args.model) if args.model else config_from_dict(_read_config_file(args.config))
+        return inventory_from_config(config, args.dtype)
+    except ModuleNotFoundError as exc:
+        raise missing_extra("loadpolicy plan launch", exc.name or "transformers") from None
+    except ValueError as exc:  # AutoConfig: an unknown model_type, or fields its config class refuses
+        raise CommandError(f"--config {str(args.config)!r}: transformers cannot build this config: {exc}") from None
+
+
 def _run_launch(args: argparse.Namespace) -> str:
-    config = published_config(args.model) if args.model else args.config
-    inventory = inventory_from_config(config, args.dtype)
+    inventory = _inventory(args)
     launch = Launch(launch_shape(args), Device(args.device), per_expert_keys=not args.fused_checkpoint)
     plan = predict(launch, inventory)
     if args.json:
@@ -79,7 +112,15 @@ def _run_launch(args: argparse.Namespace) -> str:
 
 
 def _run_calibrate(args: argparse.Namespace) -> str:
-    rows = calibrate(args.bench)
+    if not (args.bench / "bench.json").is_file():
+        raise CommandError(
+            f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a `loadpolicy bench` "
+            "run (`tox -e bench` writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
+        )
+    try:
+        rows = calibrate(args.bench)
+    except ModuleNotFoundError as exc:
+        raise missing_extra("loadpolicy plan calibrate", exc.name or "transformers") from None
     text = render_calibration(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(text + "\n", encoding="utf-8")
@@ -90,7 +131,7 @@ def _run_calibrate(args: argparse.Namespace) -> str:
     return text
 
 
-class CalibrationMissError(RuntimeError):
+class CalibrationMissError(CommandError):
     """The cost model missed a measured figure by more than the tolerance."""
 
 
@@ -100,7 +141,15 @@ def _run_project(args: argparse.Namespace) -> str:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "projection.md").write_text(text + "\n", encoding="utf-8")
     (args.out / "projection.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
-    plot_projection(rows, args.out / "projection.png")
+    if args.no_plot:
+        return text + f"\n\n{args.out / 'projection.md'}"
+    try:
+        plot_projection(rows, args.out / "projection.png")
+    except ModuleNotFoundError as exc:
+        raise CommandError(
+            f"the plot needs {exc.name!r}, which is not installed (the table is written: "
+            f"{args.out / 'projection.md'}); accepted: pip install matplotlib, or --no-plot"
+        ) from None
     return text + f"\n\n{args.out / 'projection.md'}, {args.out / 'projection.png'}"
 
 
@@ -115,8 +164,10 @@ def add_parser(subparsers: Any) -> None:
     launch.add_argument(
         "--policy", help=f"an explicit choice, one of {', '.join(PolicyName)} (default: what the selector picks)"
     )
-    launch.add_argument("--ranks", type=int, required=True)
-    launch.add_argument("--ep", type=int, default=1, help="DistributedConfig(tp_size=EP, ep_size=EP) per replica")
+    launch.add_argument("--ranks", type=positive_int, required=True)
+    launch.add_argument(
+        "--ep", type=positive_int, default=1, help="DistributedConfig(tp_size=EP, ep_size=EP) per replica"
+    )
     launch.add_argument(
         "--dispatch", action="store_true", help="token dispatch: DistributedConfig(fsdp_size=RANKS, ep_size=EP)"
     )
@@ -132,7 +183,9 @@ def add_parser(subparsers: Any) -> None:
     launch.add_argument("--device", choices=[d.value for d in Device], default=Device.GPU.value)
     launch.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
     launch.add_argument("--fused-checkpoint", action="store_true", help="experts stored fused (no merge on load)")
-    launch.add_argument("--baseline-gib", type=float, default=0.0, help="host RSS of an idle process, added to peaks")
+    launch.add_argument(
+        "--baseline-gib", type=non_negative_float, default=0.0, help="host RSS of an idle process, added to peaks"
+    )
     launch.add_argument("--json", action="store_true")
     launch.set_defaults(handler=_run_launch)
 
@@ -143,6 +196,7 @@ def add_parser(subparsers: Any) -> None:
 
     proj = modes.add_parser("project", help="published MoE models at 4-64 GPU ranks, every policy")
     proj.add_argument("--models", nargs="+", choices=sorted(PUBLISHED), default=list(PUBLISHED))
-    proj.add_argument("--ranks", nargs="+", type=int, default=[4, 8, 32, 64])
+    proj.add_argument("--ranks", nargs="+", type=positive_int, default=[4, 8, 32, 64])
+    proj.add_argument("--no-plot", action="store_true", help="write the table only (the plot needs matplotlib)")
     proj.add_argument("--out", type=Path, default=Path("build/plan"))
     proj.set_defaults(handler=_run_project)

@@ -78,8 +78,13 @@ def _num_experts(config: Any) -> int:
 
 def config_from_dict(raw: dict[str, Any]) -> Any:
     """A transformers config object from `config.json`'s fields (its `model_type` picks the class)."""
-    from transformers import AutoConfig  # noqa: PLC0415  # the `live` extra: the cost model itself needs no torch
+    from transformers import CONFIG_MAPPING, AutoConfig  # noqa: PLC0415  # the `live` extra: the cost model needs no torch
 
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        raise ValueError(
+            f"unknown model_type {raw.get('model_type')!r}; accepted: a model type transformers knows, e.g. "
+            "qwen3_moe, mixtral, deepseek_v3 (all of them: sorted(transformers.CONFIG_MAPPING))"
+        )
     fields = dict(raw)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 

@@ -6,6 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from loadpolicy.errors import positive_seconds
 from loadpolicy.upstream.build import build_wheel, install
 from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.checkout import checkout, pristine_tag
@@ -45,7 +46,9 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
     stack = series.add_parser("stack", help="each PR's prefix of the series on its own: imports, its own tests")
     stack.add_argument("tree", type=Path, help="a checkout with the whole series applied (`loadpolicy checkout`)")
-    stack.add_argument("--timeout", type=float, default=1200.0, help="bound on each prefix's tests, in seconds")
+    stack.add_argument(
+        "--timeout", type=positive_seconds, default=1200.0, help="bound on each prefix's tests, in seconds"
+    )
     _common(stack)
     stack.set_defaults(handler=_stack)
 

@@ -67,6 +67,7 @@ def unpack(sdist: Path, pin: Pin, dest: Path) -> Path:
     verify(sdist, pin)
     if dest.exists():
         raise UpstreamError(f"{dest} already exists; give a new directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp, tarfile.open(sdist) as archive:
         archive.extractall(tmp, filter="data")
         (top,) = Path(tmp).iterdir()

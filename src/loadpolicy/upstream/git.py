@@ -30,6 +30,8 @@ _ISOLATED_ENV = {
 def git(
     repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    if not repo.is_dir():
+        raise UpstreamError(f"{str(repo)!r} is not a directory; accepted: a git checkout (`loadpolicy checkout DIR`)")
     full_env = {**os.environ, **_ISOLATED_ENV, **(env or {})}
     result = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=full_env, check=False)
     if check and result.returncode != 0:

@@ -6,8 +6,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadpolicy.errors import CommandError
 
-class UpstreamError(RuntimeError):
+
+class UpstreamError(CommandError):
     """Fetching, verifying or patching the upstream source failed; the message says where."""
 
 
@@ -26,7 +28,16 @@ class Pin:
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def no_series_error(directory: Path) -> UpstreamError:
+    return UpstreamError(
+        f"no patch series at {str(directory)!r} (it needs UPSTREAM and series); accepted: run from the loadpolicy "
+        "repository, or pass --patches DIR (the repository's patches/)"
+    )
+
+
 def read_pin(path: Path) -> Pin:
+    if not path.is_file():
+        raise no_series_error(path.parent)
     fields: dict[str, str] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         line = line.strip()

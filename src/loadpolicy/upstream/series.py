@@ -9,12 +9,14 @@ order: PR 1, PR 2, ..., then the fork-only patches.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy.upstream.git import git
-from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.upstream.pin import UpstreamError, no_series_error
 
 
 # DEP-3 trailers every patch carries (https://dep-team.pages.debian.net/deps/dep3/).
@@ -48,6 +50,8 @@ class Series:
 
 
 def read_series(directory: Path) -> Series:
+    if not (directory / "series").is_file():
+        raise no_series_error(directory)
     lines = (directory / "series").read_text(encoding="utf-8").splitlines()
     names: list[str] = []
     groups: list[tuple[str, list[str]]] = []
@@ -145,10 +149,29 @@ def apply_series(repo: Path, series: Series) -> None:
 
 
 def export_series(repo: Path, base: str, directory: Path) -> list[str]:
-    """Write `base..HEAD` of `repo` as the series in `directory`, byte-identically for an unchanged branch."""
+    """Write `base..HEAD` of `repo` as the series in `directory`, byte-identically for an unchanged branch.
+
+    Nothing in `directory` changes until git has written every patch: they go to a staging folder first, and replace
+    the old patches and `series` only then.
+    """
     directory = directory.resolve()
-    for old in directory.glob("*.patch"):
-        old.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+    if git(repo, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", check=False).returncode:
+        raise UpstreamError(
+            f"{str(repo)!r} is not a git checkout with the pristine tag {base!r}; accepted: a checkout made by "
+            "`loadpolicy checkout DIR`, with the series edited on its branch"
+        )
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=directory) as staging:
+        names = _format_patches(repo, base, Path(staging))
+        for old in directory.glob("*.patch"):
+            old.unlink()
+        for name in [*names, "series"]:
+            os.replace(Path(staging) / name, directory / name)
+    return names
+
+
+def _format_patches(repo: Path, base: str, directory: Path) -> list[str]:
+    """`git format-patch` of `base..HEAD` into `directory`, with the `series` file that lists them by stack."""
     result = git(
         repo,
         "-c",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import loadpolicy
+from loadpolicy.errors import CommandError
 from loadpolicy.faults.run import FAULT_CASES, build_fault_checkpoints, run_fault
 from loadpolicy.harness.launch import Launcher, Tree, add_launch_arguments
 from loadpolicy.matrix.runner import launch, prepare_matrix
@@ -498,7 +499,7 @@ def mutated_copy(mutation: Mutation | None, target: Target, setup: Setup, dest: 
     return dest
 
 
-class MutationError(RuntimeError):
+class MutationError(CommandError):
     """A mutation no longer applies: the code it targets changed."""
 
 

@@ -1,0 +1,83 @@
+"""One launch as the command line describes it (a DeepSpeed config and `DistributedConfig` sizes), validated once.
+
+`explain` and `doctor` both read a launch through `read_launch`, so a launch one of them refuses the other refuses
+with the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadpolicy.dsconfig import check_sections, keeps_flat_partitions, read_config, zero_stage_of
+from loadpolicy.errors import CommandError
+from loadpolicy.policy import LoadInputs, PolicyName, explain_selection
+from loadpolicy.sizes import RawSizes, normalise_sizes
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A validated launch: the parsed DeepSpeed config (None: none), its ZeRO stage, and the selector's inputs."""
+
+    config: dict[str, object] | None
+    stage: int
+    inputs: LoadInputs
+    warnings: tuple[str, ...] = ()
+
+
+def read_launch(
+    config_path: Path | None,
+    raw: RawSizes,
+    *,
+    world_size: int = 1,
+    quantized: bool = False,
+    outer_zero3_init: bool = False,
+    requested: PolicyName | None = None,
+) -> Launch:
+    """Read and check the config file, normalise the sizes as transformers does, and run the selector once, so any
+    launch `from_pretrained` would refuse is refused here, naming the bad value and what is accepted."""
+    config = None if config_path is None else read_config(config_path)
+    return launch_of(
+        config,
+        f"DeepSpeed config {str(config_path)!r}",
+        raw,
+        world_size=world_size,
+        quantized=quantized,
+        outer_zero3_init=outer_zero3_init,
+        requested=requested,
+    )
+
+
+def launch_of(
+    config: dict[str, object] | None,
+    source: str,
+    raw: RawSizes,
+    *,
+    world_size: int = 1,
+    quantized: bool = False,
+    outer_zero3_init: bool = False,
+    requested: PolicyName | None = None,
+) -> Launch:
+    """`read_launch` for a config already parsed (`source` names it in messages)."""
+    stage = 0
+    if config is not None:
+        stage = zero_stage_of(config, source=source)
+        check_sections(config, source=source)
+    if requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META) and stage != 3:
+        raise CommandError(
+            f"--policy {requested} loads under DeepSpeed ZeRO-3, and this launch has "
+            + ("no DeepSpeed config" if config is None else f"ZeRO stage {stage}")
+            + ": pass --deepspeed-config FILE with zero_optimization.stage = 3 (examples/ds_zero3.json); "
+            "without ZeRO-3 the accepted policy is MetaShardOnRead."
+        )
+    normalised = normalise_sizes(raw, world_size=world_size)
+    inputs = LoadInputs(
+        zero3_enabled=stage == 3,
+        quantized=quantized,
+        outer_zero3_init=outer_zero3_init,
+        zero3_flat_partitions=config is not None and keeps_flat_partitions(config),
+        sizes=normalised.sizes,
+        requested=requested,
+    )
+    explain_selection(inputs)  # raises LoadPolicyError for what from_pretrained would refuse
+    return Launch(config, stage, inputs, normalised.warnings)

@@ -1,0 +1,99 @@
+"""Every relative link and every backticked repository path in README.md and docs/ names something in the tree.
+
+Paths of the transformers tree (`src/transformers/...`, `tests/deepspeed/...`) are checked against the patched tree
+itself by `tests/patches/test_readme_commands.py`; DeepSpeed's, and transformers' `docs/source/` (not in the sdist),
+are not checked. Text inside fenced
+blocks (drafts of upstream pages) is not ours to link.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+# Top-level entries a backticked path may start with; `build/` and `dist/` are outputs, not the tree.
+TRACKED_TOPS = ("src/", "tests/", "docs/", "patches/", "pins/", "examples/", ".ci/")
+TRACKED_FILES = ("README.md", "tox.ini", "pyproject.toml")
+_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+_CODE = re.compile(r"`(?P<text>[^`\n]+)`")
+_PATH = re.compile(r"[\w.{},*/-]+")
+_FENCE = re.compile(r"^(`{3,}).*?^\1\s*$", re.MULTILINE | re.DOTALL)
+# Paths in the upstream trees the series patches, not in this repository.
+TRANSFORMERS_TOPS = ("src/transformers", "tests/deepspeed", "tests/utils", "tests/distributed")
+# Not checked: DeepSpeed's tree, and transformers' docs/ (the PyPI sdist the series applies to carries none).
+UNCHECKED_TOPS = ("deepspeed/", "tests/unit/runtime", "docs/source")
+
+
+def _expand(text: str) -> list[str]:
+    """`a/{b,c}.py` -> `a/b.py`, `a/c.py` (the README's shorthand for several modules)."""
+    match = re.search(r"\{([^{}]*)\}", text)
+    if match is None:
+        return [text]
+    return list(
+        itertools.chain.from_iterable(
+            _expand(text[: match.start()] + part + text[match.end() :]) for part in match[1].split(",")
+        )
+    )
+
+
+def _exists(page: Path, target: str, base: Path) -> bool:
+    path = target.split("#", 1)[0].split(":", 1)[0]  # `file.py:123` cites a line, `file.py::test` a test
+    if not path:
+        return True
+    if "*" in path:
+        return any(base.glob(path))
+    return (base / path).exists()
+
+
+def _prose(page: Path) -> str:
+    return _FENCE.sub("", page.read_text(encoding="utf-8"))
+
+
+def _links(page: Path) -> list[str]:
+    text = _prose(page)
+    return [
+        m["target"] for m in _LINK.finditer(text) if not re.match(r"[a-z]+:", m["target"]) and m["target"][0] != "#"
+    ]
+
+
+def _code_paths(page: Path, *, upstream: bool = False) -> list[str]:
+    """Backticked paths of this repository (or, with `upstream`, of the transformers tree)."""
+    text = _prose(page)
+    found = []
+    for match in _CODE.finditer(text):
+        candidate = match["text"].strip()
+        if not _PATH.fullmatch(candidate.split(":", 1)[0]):
+            continue
+        if candidate.startswith(UNCHECKED_TOPS) or candidate.startswith(TRANSFORMERS_TOPS) != upstream:
+            continue
+        if candidate.startswith(TRACKED_TOPS) or candidate in TRACKED_FILES:
+            found.extend(_expand(candidate))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path) -> None:
+    missing = [target for target in _links(page) if not _exists(page, target, page.parent)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_backticked_paths_exist(page: Path) -> None:
+    missing = [path for path in _code_paths(page) if not _exists(page, path, ROOT)]
+    assert missing == []
+
+
+def test_the_checks_see_a_broken_path(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("See [x](missing.md) and `src/loadpolicy/nowhere.py` and `src/loadpolicy/{cli,gone}.py`.\n")
+    assert [t for t in _links(page) if not _exists(page, t, tmp_path)] == ["missing.md"]
+    assert [p for p in _code_paths(page) if not _exists(page, p, ROOT)] == [
+        "src/loadpolicy/nowhere.py",
+        "src/loadpolicy/gone.py",
+    ]
