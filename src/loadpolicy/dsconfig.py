@@ -80,8 +80,8 @@ def _require_bool(section: dict[str, object], key: str, where: str) -> None:
 def keeps_flat_partitions(config: dict[str, object]) -> bool:
     """Whether ZeRO-3 keeps each rank's share of a parameter as one flat slice in `ds_tensor`, and nothing else.
 
-    Mirrors transformers' `zero3_keeps_flat_partitions` (patch 0022): hpZ (`zero_hpz_partition_size > 1`) also keeps
-    a secondary partition, NVMe parameter offload keeps the partition in a swap file, and quantized non-trainable
+    Mirrors transformers' `zero3_keeps_flat_partitions` (partition reads): hpZ (`zero_hpz_partition_size > 1`) also
+    keeps a secondary partition, NVMe parameter offload keeps the partition in a swap file, and quantized non-trainable
     weights store it quantized. Partition reads write only the flat slice, so those configs gather and copy.
     """
     zero = config.get("zero_optimization") or {}

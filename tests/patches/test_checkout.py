@@ -135,13 +135,13 @@ def test_in_tree_tests_skip_cleanly_without_deepspeed(patched: Path, tmp_path: P
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " skipped" in summary, summary
     assert not any(word in summary for word in ("failed", "error")), summary
-    # Only PR 8's range readers run without DeepSpeed: they compare reads of a safetensors file with torch
+    # Only PR 10's range readers run without DeepSpeed: they compare reads of a safetensors file with torch
     passed = [line.split()[0] for line in done.stdout.splitlines() if " PASSED" in line]
     assert all("::RangeReadersTest::" in test for test in passed), passed
 
 
 def test_the_fork_carries_the_module_generated_from_policy_py(patched: Path) -> None:
-    """PR 1 carries its own module (checked against policy.py in tests/unit/test_series.py); the fork-only patch
+    """The EP PR carries its own module (checked against policy.py in tests/unit/test_series.py); the fork-only patch
     replaces it with the generated one, whose helpers only the fork's patches call."""
     carried = (patched / TRANSFORMERS_MODULE).read_text(encoding="utf-8")
     assert carried == render_transformers_module(SOURCE.read_text(encoding="utf-8")), (

@@ -16,7 +16,7 @@ import pytest
 from loadpolicy import policy
 from loadpolicy.upstream.carry import TRANSFORMERS_MODULE
 from loadpolicy.upstream.pin import UpstreamError, read_pin
-from loadpolicy.upstream.series import lint_series, read_series
+from loadpolicy.upstream.series import GroupSize, group_sizes, lint_series, read_series
 from loadpolicy.upstream.stack import node_ids_in_source
 
 
@@ -24,12 +24,13 @@ PATCHES = Path(__file__).resolve().parents[2] / "patches"
 
 
 def _carried_upstream(tmp_path: Path) -> ModuleType:
-    """The policy module as the upstream PRs leave it (PR 1 adds it, a later PR may edit it), executed on its own: it
-    needs only stdlib. Only the hunks for that file are applied, in series order, with `git apply --include`."""
+    """The policy module as the upstream PRs leave it (the EP PR adds it, a later PR may edit it), executed on its own:
+    it needs only stdlib. Only the hunks for that file are applied, in series order, with `git apply --include`."""
     series = read_series(PATCHES)
     adders = [p for p in series.paths if f"--- /dev/null\n+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
     assert len(adders) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {adders}"
-    assert series.names.index(adders[0].name) < series.pull_requests()[0][1], "PR 1 must add it"
+    ep_end = next(end for label, end in series.pull_requests() if "EP under ZeRO-3 loads" in label)
+    assert series.names.index(adders[0].name) < ep_end, "the EP under ZeRO-3 PR must add it"
     upstream = series.paths[: series.pull_requests()[-1][1]]
     touching = [p for p in upstream if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
     subprocess.run(["git", "apply", f"--include={TRANSFORMERS_MODULE}", *map(str, touching)], cwd=tmp_path, check=True)
@@ -40,7 +41,7 @@ def _carried_upstream(tmp_path: Path) -> ModuleType:
     return module
 
 
-# Every decision policy.py's table names, but gate 7: PR 1 loads, PR 3 adds what happens after loading
+# Every decision policy.py's table names, but gate 7 (what happens after loading, added later in the EP PR)
 DECISIONS = tuple(name for name in policy.decision_table(policy.EPMeta(ep_size=2)) if name != "after_loading")
 
 
@@ -66,8 +67,8 @@ def _outcome(module: Any, error: type[Exception], inputs: Any) -> tuple[str, dic
 
 
 def test_the_module_the_upstream_stack_carries_decides_as_policy_py_for_every_input(tmp_path: Path) -> None:
-    """The upstream PRs carry their own, smaller module in transformers' idiom (PR 1 adds it, PR 7 admits token
-    dispatch); as the stack leaves it, it must select and decide as `policy.py` does."""
+    """The upstream PRs carry their own, smaller module in transformers' idiom (the EP PR adds it, the token
+    dispatch PR admits token dispatch); as the stack leaves it, it must select and decide as `policy.py` does."""
     carried = _carried_upstream(tmp_path)
     compared = 0
     for zero3, quantized, outer, flat in itertools.product((False, True), repeat=4):
@@ -123,7 +124,11 @@ def test_the_series_is_a_stack_of_pull_requests_then_the_fork_only_patches() -> 
     series = read_series(PATCHES)
     labels = [label for label, _ in series.pull_requests()]
     assert [label.split(":")[0] for label in labels] == [f"PR {n}" for n in range(1, len(labels) + 1)]
-    assert labels[0] == "PR 1: EP under ZeRO-3 loads"
+    # the small independent fixes first, each applying to the pristine sources alone; then EP under ZeRO-3
+    standalone = [series.needs_nothing(label) for label in labels]
+    assert standalone[:4] == [True] * 4
+    assert "PR 5: EP under ZeRO-3 loads and trains" in labels
+    assert not any(standalone[labels.index("PR 5: EP under ZeRO-3 loads and trains") :])
     ends = [end for _, end in series.pull_requests()]
     assert ends == sorted(ends)
     assert ends[-1] < len(series.names)  # the fork-only patches come last
@@ -138,7 +143,9 @@ def test_lint_finds_a_patch_under_another_pull_request(series_copy: Path) -> Non
     lines[pr2 - 1], lines[pr2] = lines[pr2], lines[pr2 - 1]
     (series_copy / "series").write_text("\n".join(lines) + "\n", encoding="utf-8")
     problems = lint_series(read_series(series_copy))
-    assert any(p.startswith(f"{moved}: its Stack trailer says 'PR 1:") for p in problems), problems
+    assert any(
+        p.startswith(f"{moved}: its Stack trailer says ") and "says 'PR 1:" in p.replace('"', "'") for p in problems
+    )
 
 
 def test_lint_finds_a_pull_request_after_the_fork_only_patches(series_copy: Path) -> None:
@@ -151,7 +158,8 @@ def test_lint_finds_a_pull_request_after_the_fork_only_patches(series_copy: Path
     assert "series: `# PR 2: ZeRO-3 loading errors raised on every rank` comes after a fork-only group" in " ".join(
         problems
     )
-    assert any("numbered [1, 3, 4, 5, 6, 7, 8, 9, 10, 2]" in p for p in problems), problems
+    count = len(read_series(PATCHES).pull_requests())
+    assert any(f"numbered {[1, *range(3, count + 1), 2]}" in p for p in problems), problems
 
 
 def test_lint_finds_a_patch_outside_any_group(series_copy: Path) -> None:
@@ -172,3 +180,17 @@ def test_the_tests_a_prefix_adds_are_found_by_name() -> None:
     source = "class T(Base):\n    def test_a(self): ...\n    def helper(self): ...\n"
     source += "def test_b(): ...\ndef other(): ...\n"
     assert node_ids_in_source(source, "tests/x.py") == {"tests/x.py::T::test_a", "tests/x.py::test_b"}
+
+
+def test_group_sizes_count_the_lines_of_each_groups_hunks(tmp_path: Path) -> None:
+    header = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\n"
+    trailers = "Origin: vendor\nForwarded: no\nLast-Update: 2026-11-26\nStack: PR 1: one\nNeeds: none\n"
+    body = (
+        "---\n a | 1 +\n\n"
+        "diff --git a/src/a.py b/src/a.py\n--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,3 @@\n ctx\n-old\n+new\n+more\n"
+        "diff --git a/tests/t.py b/tests/t.py\n--- /dev/null\n+++ b/tests/t.py\n@@ -0,0 +1,2 @@\n+one\n+two\n"
+        "diff --git a/docs/d.md b/docs/d.md\n--- a/docs/d.md\n+++ b/docs/d.md\n@@ -1 +1 @@\n-x\n+y\n"
+    )
+    (tmp_path / "0001-x.patch").write_text(header + trailers + body, encoding="utf-8")
+    (tmp_path / "series").write_text("# PR 1: one\n0001-x.patch\n", encoding="utf-8")
+    assert group_sizes(read_series(tmp_path)) == [GroupSize("PR 1: one", 1, 2, 1, 2, alone=True)]

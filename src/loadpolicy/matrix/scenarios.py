@@ -24,7 +24,8 @@ class Scenario(enum.StrEnum):
 
 
 COMPOSITE = ("glm4v_moe",)
-# composite, and plain EP fails on stock for it (fixed by patch 0023): only where stock fails for every architecture
+# composite, and plain EP fails on stock for it (fixed by the sharded-transpose PR): only where stock fails for
+# every architecture
 STOCK_EP_BROKEN = ("qwen3_vl_moe",)
 MOE = tuple(name for name, arch in ARCHITECTURES.items() if arch.moe and name not in COMPOSITE + STOCK_EP_BROKEN)
 DENSE = ("llama",)

@@ -7,7 +7,7 @@ Each figure follows what transformers 5.23.0 (and the series) do while loading, 
   group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
   whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
   (issue 18) no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
-  `zero.Init` still builds each module whole before partitioning it (the fork skips its broadcast, patch 0030).
+  `zero.Init` still builds each module whole before partitioning it (the fork skips its broadcast).
 - MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
   the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
   per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
@@ -203,8 +203,8 @@ def _read_partitions(launch: Launch, inventory: Inventory) -> tuple[RankCost, ..
         device = Figure(partition + built, f"{held.why}; {build}")
         resident = Figure(0, "nothing on the host")
     else:
-        # ranges are read straight into the partition: no buffer beside it. Without zero.Init's broadcast (fork-only
-        # patch 0030) nothing writes the whole module the build allocates, so none of its pages become resident.
+        # ranges are read straight into the partition: no buffer beside it. Without zero.Init's broadcast (the
+        # fork's build) nothing writes the whole module the build allocates, so none of its pages become resident.
         anon = Figure(partition, f"{held.why}; {build}, but never writes it (no broadcast): none of it resident")
         device = Figure(0, "no device on a CPU launch")
         resident = Figure(partition, "the partition")

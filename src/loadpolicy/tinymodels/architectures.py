@@ -143,11 +143,11 @@ ARCHITECTURES: dict[str, Architecture] = {
             },
         ),
         # Its EP plan also shards the dense `mlp` beside the experts (`colwise`/`rowwise`): EP under ZeRO-3 must leave
-        # that MLP whole to ZeRO-3 (patch 0012). Generated from Gemma4TextConfig's defaults, MoE block switched on.
+        # that MLP whole to ZeRO-3 (the EP PR). Generated from Gemma4TextConfig's defaults, MoE block switched on.
         Architecture("gemma4_text", "Gemma4TextConfig", "Gemma4ForCausalLM", {}, generated=True),
         # Its experts go through `Transpose(1, 2, check_dims=True)`: under EP a checkpoint in the model's layout was
-        # transposed on stock (patch 0023). Composite, generated; plain EP fails on stock, so it runs where stock must
-        # fail anyway: composite EP under ZeRO-3.
+        # transposed on stock (the sharded-transpose PR). Composite, generated; plain EP fails on stock, so it runs
+        # where stock must fail anyway: composite EP under ZeRO-3.
         Architecture("qwen3_vl_moe", "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", {}, generated=True),
         Architecture(
             "llama",

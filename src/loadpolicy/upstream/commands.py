@@ -13,7 +13,7 @@ from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_unpinned
 from loadpolicy.upstream.pin import read_pin
 from loadpolicy.upstream.refresh import refresh
-from loadpolicy.upstream.series import export_series, lint_series, read_series, require_clean
+from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.stack import check_prefixes
 
 
@@ -51,6 +51,10 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     _common(stack)
     stack.set_defaults(handler=_stack)
+
+    sizes = series.add_parser("sizes", help="each PR's patches and the lines it adds to src/ and tests/, as a table")
+    _common(sizes)
+    sizes.set_defaults(handler=_sizes)
 
     sync = series.add_parser("sync-policy", help="write the generated policy module into a checkout")
     sync.add_argument("tree", type=Path)
@@ -96,10 +100,17 @@ def _export(args: argparse.Namespace) -> str:
 def _stack(args: argparse.Namespace) -> str:
     pin = read_pin(args.patches / "UPSTREAM")
     results = check_prefixes(args.tree.resolve(), read_series(args.patches), pristine_tag(pin), args.timeout)
-    return "\n".join(
-        f"{r.label}: patches 1-{r.patches} apply and import; its {len(r.tests)} test(s) pass ({r.seconds:.0f}s)"
-        for r in results
-    )
+    return "\n".join(r.describe() for r in results)
+
+
+def _sizes(args: argparse.Namespace) -> str:
+    lines = ["| group | patches | src +/- | tests + | applies alone |", "|---|---:|---:|---:|---|"]
+    lines += [
+        f"| {g.label} | {g.patches} | +{g.source_added} / -{g.source_removed} | +{g.tests_added} | "
+        f"{'yes' if g.alone else 'on the PRs before it'} |"
+        for g in group_sizes(read_series(args.patches))
+    ]
+    return "\n".join(lines)
 
 
 def _sync_policy(args: argparse.Namespace) -> str:

@@ -24,6 +24,8 @@ REQUIRED_TRAILERS = ("Origin", "Forwarded", "Last-Update", "Stack")
 _STACK = re.compile(r"^Stack: (?P<label>.+)$", re.MULTILINE)
 _PR_LABEL = re.compile(r"PR (?P<number>\d+): \S.*")
 FORK_ONLY = "fork-only: "
+# `Needs: none`: the patch applies to the pristine sources without any other patch of the series
+_NEEDS_NOTHING = re.compile(r"^Needs: none$", re.MULTILINE)
 _PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]+\.patch")
 _FAILED_FILE = re.compile(r"^error: (?:patch failed: (?P<file>.+?):\d+|(?P<missing>.+?): does not exist in index)$")
 
@@ -38,6 +40,14 @@ class Series:
     @property
     def paths(self) -> tuple[Path, ...]:
         return tuple(self.directory / name for name in self.names)
+
+    def needs_nothing(self, label: str) -> bool:
+        """Whether every patch of the group `label` says `Needs: none`: it applies to the pristine sources alone."""
+        names = next((names for group, names in self.groups if group == label), ())
+        return bool(names) and all(
+            _NEEDS_NOTHING.search((self.directory / name).read_text(encoding="utf-8").partition("\n---\n")[0])
+            for name in names
+        )
 
     def pull_requests(self) -> list[tuple[str, int]]:
         """Each PR group's label and the number of patches up to and including it: the prefixes to check."""
@@ -207,3 +217,37 @@ def _format_patches(repo: Path, base: str, directory: Path) -> list[str]:
 def require_clean(problems: list[str]) -> None:
     if problems:
         raise UpstreamError("patch series problems:\n" + "\n".join(f"  {problem}" for problem in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSize:
+    """One group of the series (a PR or a fork-only reason): its patches and the lines they add and remove."""
+
+    label: str
+    patches: int
+    source_added: int
+    source_removed: int
+    tests_added: int
+    alone: bool  # applies to the pristine sources without the rest of the series (`Needs: none`)
+
+
+def group_sizes(series: Series) -> list[GroupSize]:
+    """Lines each group adds under src/ and under tests/, read from its patches' hunks."""
+    sizes = []
+    for label, names in series.groups:
+        counts = {"src+": 0, "src-": 0, "tests+": 0}
+        for name in names:
+            path = None
+            for line in (series.directory / name).read_text(encoding="utf-8").split("\n---\n", 1)[1].splitlines():
+                if line.startswith("diff --git "):
+                    path = line.split(" b/", 1)[1]
+                elif path is None or line.startswith(("+++ ", "--- ")):
+                    continue
+                elif line.startswith(("+", "-")):
+                    where = "src" if path.startswith("src/") else "tests" if path.startswith("tests/") else ""
+                    key = f"{where}{line[0]}"
+                    if key in counts:
+                        counts[key] += 1
+        alone = series.needs_nothing(label)
+        sizes.append(GroupSize(label, len(names), counts["src+"], counts["src-"], counts["tests+"], alone))
+    return sizes

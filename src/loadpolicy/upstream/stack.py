@@ -1,8 +1,9 @@
-"""Every pull request of the stack on its own: the series up to and including it, with the tests it adds.
+"""Every pull request of the stack on its own, with the tests it adds.
 
-A maintainer merges PR 1 alone, then PR 2 on top of it, and so on, so each prefix of the series that ends a PR must
-stand by itself: it imports, and the tests that PR adds pass on it (a test that needs a later PR belongs to that
-one). The full series runs every test in `tox -e patches` already; this checks the prefixes.
+A maintainer merges PR 1, then PR 2 on top of it, and so on, so each prefix of the series that ends a PR must stand
+by itself: it imports, and the tests that PR adds pass on it (a test that needs a later PR belongs to that one). A PR
+whose patches say `Needs: none` is checked on the pristine sources with only its own patches: it can be merged first,
+alone, in any order with the others. The full series runs every test in `tox -e patches` already.
 """
 
 from __future__ import annotations
@@ -23,9 +24,19 @@ from loadpolicy.upstream.series import Series
 @dataclass(frozen=True, slots=True)
 class PrefixResult:
     label: str
+    first: int  # the PR's patches, 1-based and inclusive
     patches: int
     tests: tuple[str, ...]
     seconds: float
+    alone: bool  # checked on the pristine sources with its own patches only
+
+    def describe(self) -> str:
+        where = (
+            f"patches {self.first}-{self.patches} alone on the pristine sources"
+            if self.alone
+            else (f"patches 1-{self.patches}")
+        )
+        return f"{self.label}: {where} apply and import; its {len(self.tests)} test(s) pass ({self.seconds:.0f}s)"
 
 
 def node_ids_in_source(source: str, path: str) -> set[str]:
@@ -64,29 +75,53 @@ def _run(command: list[str], worktree: Path, label: str, timeout: float) -> str:
     return done.stdout
 
 
+def _modules_changed(tree: Path, commits: list[str]) -> list[str]:
+    """`transformers.x.y` for each module under src/ the commits change (what a probe imports)."""
+    paths = {
+        path
+        for commit in commits
+        for path in git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).stdout.split()
+        if path.startswith("src/transformers/") and path.endswith(".py")
+    }
+    return sorted(
+        p.removeprefix("src/").removesuffix(".py").removesuffix("/__init__").replace("/", ".") for p in paths
+    )
+
+
+def _worktree(tree: Path, base: str, commits: list[str], first: int, end: int, alone: bool) -> Path:
+    """A worktree at the PR's last patch, or (alone) at `base` with only the PR's patches cherry-picked."""
+    worktree = tree.parent / f"{tree.name}-prefix-{end:04d}"
+    git(tree, "worktree", "add", "--force", "--detach", str(worktree), base if alone else commits[end - 1])
+    if alone:
+        picked = git(worktree, "cherry-pick", *commits[first - 1 : end], check=False)
+        if picked.returncode:
+            git(tree, "worktree", "remove", "--force", str(worktree))
+            raise UpstreamError(f"patches {first}-{end} do not apply alone to {base}:\n{picked.stderr.strip()}")
+    return worktree
+
+
 def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.0) -> list[PrefixResult]:
-    """For each PR: a worktree of `tree` at the PR's last patch; it imports, and the tests the PR adds pass there."""
+    """For each PR: a worktree at its last patch (or its patches alone on `base`); it imports, and its tests pass."""
     commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
     if len(commits) != len(series.names):
         raise UpstreamError(f"{tree} has {len(commits)} commits on {base}, the series {len(series.names)} patches")
-    results, earlier = [], set[str]()
+    results, first = [], 1
     for label, end in series.pull_requests():
-        started = time.monotonic()
-        worktree = tree.parent / f"{tree.name}-prefix-{end:04d}"
-        git(tree, "worktree", "add", "--force", "--detach", str(worktree), commits[end - 1])
+        started, alone = time.monotonic(), series.needs_nothing(label)
+        before = _tests_at(tree, base, commits[first - 2]) if first > 1 else set()
+        added = sorted(_tests_at(tree, base, commits[end - 1]) - before)
+        worktree = _worktree(tree, base, commits, first, end, alone)
         try:
-            probe = "import transformers, transformers.integrations.load_policy; print(transformers.__file__)"
-            _run([sys.executable, "-c", probe], worktree, label, timeout)
-            tests = _tests_at(tree, base, commits[end - 1])
-            added = sorted(tests - earlier)
+            modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
+            _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
             if added:
                 pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(worktree)]
                 output = _run([*pytest, "-c", str(worktree / "pyproject.toml"), *added], worktree, label, timeout)
                 summary = output.strip().splitlines()[-1] if output.strip() else ""
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
                     raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
-            earlier = tests
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
-        results.append(PrefixResult(label, end, tuple(added), time.monotonic() - started))
+        results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone))
+        first = end + 1
     return results

@@ -317,7 +317,7 @@ MUTATIONS = (
     ),
     Mutation(
         "capability-checked-after-reading",
-        "DeepSpeed's expert placement is checked before any weight is read (PR 3)",
+        "DeepSpeed's expert placement is checked before any weight is read (the EP PR's hand-over)",
         Target.TREE,
         "modeling_utils.py",
         "check_deepspeed_holds_expert_groups()  # before any weight is read",
@@ -326,7 +326,7 @@ MUTATIONS = (
     ),
     Mutation(
         "expert-gradient-scaled-without-deepspeed",
-        "the expert gradient scale applies only to a parameter DeepSpeed took over (PR 3)",
+        "the expert gradient scale applies only to a parameter DeepSpeed took over (the EP PR's hand-over)",
         Target.TREE,
         "integrations/deepspeed.py",
         'grad * gradient_scale if hasattr(param, "ds_id") else grad)',
@@ -407,7 +407,7 @@ MUTATIONS = (
     ),
     Mutation(
         "ep-dense-read-whole",
-        "the patched tree partitions an EP model before reading, dense weights included (PR 10)",
+        "the patched tree partitions an EP model before reading, dense weights included (EP partition reads)",
         Target.TREE,
         "integrations/load_policy.py",
         "default = EPMeta(ep_size=sizes.ep, reads_partitions=inputs.zero3_flat_partitions)",
@@ -416,7 +416,7 @@ MUTATIONS = (
     ),
     Mutation(
         "ep-partition-reads-first-experts",
-        "each rank reads its own experts' rows of a checkpoint tensor (PR 10)",
+        "each rank reads its own experts' rows of a checkpoint tensor (EP partition reads)",
         Target.TREE,
         "integrations/deepspeed.py",
         "first = torch.distributed.get_rank(expert_parallel_group) * shape[0]",
@@ -425,7 +425,7 @@ MUTATIONS = (
     ),
     Mutation(
         "ep-experts-partitioned-over-the-world",
-        "an expert shard is partitioned over its expert data-parallel group at load, not the world (PR 10)",
+        "an expert shard is partitioned over its expert data-parallel group at load, not the world",
         Target.TREE,
         "integrations/deepspeed.py",
         "                if is_expert:\n                    _join_deepspeed_expert_groups(local,",
@@ -434,7 +434,7 @@ MUTATIONS = (
     ),
     Mutation(
         "partition-reads-built-with-broadcast",
-        "a dense model whose partitions are read is built without zero.Init's broadcast (fork-only 0030)",
+        "a dense model whose partitions are read is built without zero.Init's broadcast (fork-only)",
         Target.TREE,
         "modeling_utils.py",
         "zero_init = zero3_init_for_partition_reads if reads_partitions else deepspeed.zero.Init",
@@ -443,7 +443,7 @@ MUTATIONS = (
     ),
     Mutation(
         "ep-partition-reads-built-with-broadcast",
-        "an EP model is partitioned before reading without zero.Init's broadcast (fork-only 0030)",
+        "an EP model is partitioned before reading without zero.Init's broadcast (fork-only)",
         Target.TREE,
         "integrations/deepspeed.py",
         "            zero3_init_for_partition_reads(\n                module=module,",
@@ -452,7 +452,7 @@ MUTATIONS = (
     ),
     Mutation(
         "init-without-broadcast-unpartitioned",
-        "zero.Init without its broadcast still partitions each parameter as zero.Init does (fork-only 0030)",
+        "zero.Init without its broadcast still partitions each parameter as zero.Init does (fork-only)",
         Target.TREE,
         "integrations/deepspeed.py",
         "            self._convert_to_deepspeed_param(param)\n            param.partition()",
