@@ -40,10 +40,16 @@ def _export_tree(tree: Path, dest: Path) -> Path:
     return dest / "tree"
 
 
-def install(tree: Path) -> None:
+# Packages whose build imports torch: built against the installed torch (an isolated build would fetch another one,
+# on Linux the CUDA build of several GB).
+BUILDS_AGAINST_TORCH = ("deepspeed",)
+
+
+def install(tree: Path, name: str = "transformers") -> None:
     """Install the patched tree's HEAD into the running interpreter's environment (not editable: it is a release)."""
+    isolation = ["--no-build-isolation"] if name in BUILDS_AGAINST_TORCH else []
     with tempfile.TemporaryDirectory() as tmp:
-        _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(_export_tree(tree, Path(tmp))))
+        _pip("install", "--quiet", "--no-deps", "--force-reinstall", *isolation, str(_export_tree(tree, Path(tmp))))
 
 
 def build_wheel(tree: Path, pin: Pin, series: Series, out: Path) -> Path:

@@ -73,7 +73,7 @@ def _checkout(args: argparse.Namespace) -> str:
     if not args.pristine:
         lines.append(f"applied {len(read_series(args.patches).names)} patches on branch loadpolicy")
     if args.install:
-        install(args.dest)
+        install(args.dest, pin.name)
         lines.append("installed the patched tree")
     if args.wheel is not None:
         lines.append(f"built {build_wheel(args.dest, pin, read_series(args.patches), args.wheel)}")
