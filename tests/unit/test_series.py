@@ -190,7 +190,8 @@ def test_group_sizes_count_the_lines_of_each_groups_hunks(tmp_path: Path) -> Non
         "diff --git a/src/a.py b/src/a.py\n--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,3 @@\n ctx\n-old\n+new\n+more\n"
         "diff --git a/tests/t.py b/tests/t.py\n--- /dev/null\n+++ b/tests/t.py\n@@ -0,0 +1,2 @@\n+one\n+two\n"
         "diff --git a/docs/d.md b/docs/d.md\n--- a/docs/d.md\n+++ b/docs/d.md\n@@ -1 +1 @@\n-x\n+y\n"
+        "diff --git a/pkg/b.py b/pkg/b.py\n--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1,2 @@\n x\n+y\n"
     )
     (tmp_path / "0001-x.patch").write_text(header + trailers + body, encoding="utf-8")
     (tmp_path / "series").write_text("# PR 1: one\n0001-x.patch\n", encoding="utf-8")
-    assert group_sizes(read_series(tmp_path)) == [GroupSize("PR 1: one", 1, 2, 1, 2, alone=True)]
+    assert group_sizes(read_series(tmp_path)) == [GroupSize("PR 1: one", 1, 3, 1, 2, alone=True)]

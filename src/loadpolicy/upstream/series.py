@@ -232,7 +232,7 @@ class GroupSize:
 
 
 def group_sizes(series: Series) -> list[GroupSize]:
-    """Lines each group adds under src/ and under tests/, read from its patches' hunks."""
+    """Lines each group adds and removes in source (all but tests/ and docs/) and adds under tests/, from its hunks."""
     sizes = []
     for label, names in series.groups:
         counts = {"src+": 0, "src-": 0, "tests+": 0}
@@ -244,7 +244,7 @@ def group_sizes(series: Series) -> list[GroupSize]:
                 elif path is None or line.startswith(("+++ ", "--- ")):
                     continue
                 elif line.startswith(("+", "-")):
-                    where = "src" if path.startswith("src/") else "tests" if path.startswith("tests/") else ""
+                    where = "tests" if path.startswith("tests/") else "" if path.startswith("docs/") else "src"
                     key = f"{where}{line[0]}"
                     if key in counts:
                         counts[key] += 1
