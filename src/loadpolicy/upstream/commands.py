@@ -11,10 +11,10 @@ from loadpolicy.upstream.build import build_wheel, install
 from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_unpinned
-from loadpolicy.upstream.pin import read_pin
+from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
-from loadpolicy.upstream.stack import check_prefixes
+from loadpolicy.upstream.stack import check_prefixes, run_series_tests
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +63,8 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     again = series.add_parser("refresh", help="rebase the series onto another release; show git range-diff")
     again.add_argument("version", help="the transformers release to try, e.g. 5.24.0")
     again.add_argument("dest", type=Path, help="new directory for the checkout")
+    again.add_argument("--test", action="store_true", help="then run the series' tests on the rebased tree")
+    again.add_argument("--timeout", type=positive_seconds, default=1800.0, help="bound on those tests, in seconds")
     _common(again)
     again.set_defaults(handler=_refresh)
 
@@ -125,4 +127,9 @@ def _refresh(args: argparse.Namespace) -> str:
     target = fetch_unpinned(pin.name, args.version, args.cache)
     result = refresh(args.dest, pin, target, args.cache)
     status = "applied" if result.applied else "FAILED"
-    return f"{pin.version} -> {target.version} (sdist sha256 {target.sha256}): {status}\n{result.report}"
+    text = f"{pin.version} -> {target.version} (sdist sha256 {target.sha256}): {status}\n{result.report}"
+    if not result.applied:
+        raise UpstreamError(text)
+    if args.test:
+        text += f"\nthe series' tests on {target.version}: {run_series_tests(args.dest.resolve(), args.timeout)}"
+    return text

@@ -125,3 +125,15 @@ def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.
         results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone))
         first = end + 1
     return results
+
+
+# Where the series keeps its tests in transformers' layout (the sdist has none of these folders of its own)
+SERIES_TEST_DIRS = ("tests/deepspeed", "tests/distributed", "tests/utils")
+
+
+def run_series_tests(tree: Path, timeout: float) -> str:
+    """Every test the series adds, on `tree` as checked out: pytest's summary line, or an error with its output."""
+    folders = [folder for folder in SERIES_TEST_DIRS if (tree / folder).is_dir()]
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tree)]
+    output = _run([*pytest, "-c", str(tree / "pyproject.toml"), *folders], tree, f"tests on {tree}", timeout)
+    return output.strip().splitlines()[-1] if output.strip() else "(no output)"
