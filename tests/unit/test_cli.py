@@ -177,3 +177,19 @@ def test_readme_examples_do_what_their_comments_say(command: str, comment: str) 
     if policy in ("EPMeta", "Zero3Init", "MetaShardOnRead"):
         shown = json.loads(result.stdout)["policy"] if "--json" in command else result.stdout.split()[1]
         assert shown == policy
+
+
+README_PLANS = [(c, note) for c, note in _readme_commands(("loadpolicy plan launch",)) if "path/to" not in c]
+
+
+def test_the_readme_shows_plan() -> None:
+    assert len(README_PLANS) >= 2, README_PLANS
+
+
+@pytest.mark.live
+@pytest.mark.parametrize(("command", "comment"), README_PLANS, ids=[c for c, _ in README_PLANS])
+def test_readme_plan_examples_run(command: str, comment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "rank(s)" in out
+    assert "EPMeta on" in out
