@@ -11,15 +11,15 @@ value:
 | 1b nested `_from_config` init   | no own zero.Init      | no own zero.Init              | no own zero.Init |
 | 2  `device_map`                 | refuse                | refuse under ZeRO-3, else pass| admit mesh-bound |
 | 3  loading branch               | read own partitions * | shard on read                 | read partitions *|
-| 4  buffers and missing keys     | leave to ZeRO-3       | materialise                   | leave to ZeRO-3 *|
-| 5  weight initialisation        | gathered              | plain                         | gathered *       |
+| 4  buffers and missing keys     | leave to ZeRO-3       | materialize                   | leave to ZeRO-3 *|
+| 5  weight initialization        | gathered              | plain                         | gathered *       |
 | 6  dense weights                | (no TP under ZeRO-3)  | as the TP plan says           | left to ZeRO-3   |
 | 7  after loading                | as loaded             | as loaded                     | expert groups    |
 
 * Zero3Init: ZeRO-3 gather-and-copy when an outer `zero.Init` built the model or DeepSpeed keeps partitions another way
 (hpZ, NVMe parameter offload, quantized weights), and for a state dict or `.bin` files. EPMeta: the model is built on
 meta and partitioned before reading (dense weights over the world, expert shards over their expert data-parallel
-group); where partitions cannot be read, shard on read, materialise and initialise plainly, dense weights read whole.
+group); where partitions cannot be read, shard on read, materialize and initialize plainly, dense weights read whole.
 
 This module is the single source of truth for that table. transformers carries a generated copy of it, so it imports
 only the standard library and runs on transformers' minimum Python.
@@ -117,11 +117,11 @@ class MissingKeys(enum.Enum):
     # early return: ZeRO-3 owns the partitioned parameters
     LEAVE_TO_ZERO3 = "leave_to_zero3"
     # move them from meta to the target device (and DTensor local placeholders)
-    MATERIALISE = "materialise"
+    MATERIALIZE = "materialize"
 
 
 class WeightInit(enum.Enum):
-    """Gate 5: how weights missing from the checkpoint are initialised."""
+    """Gate 5: how weights missing from the checkpoint are initialized."""
 
     # `GatheredParameters(..., modifier_rank=0)` around `initialize_weights()`
     GATHERED = "gathered"
@@ -183,7 +183,7 @@ class MetaShardOnRead:
     name: ClassVar[PolicyName] = PolicyName.META_SHARD_ON_READ
     nested_from_config_opens_zero3_init: ClassVar[bool] = False  # sub-models are built on the parent's meta device
     loading_branch: ClassVar[LoadingBranch] = LoadingBranch.SHARD_ON_READ
-    missing_keys: ClassVar[MissingKeys] = MissingKeys.MATERIALISE
+    missing_keys: ClassVar[MissingKeys] = MissingKeys.MATERIALIZE
     weight_init: ClassVar[WeightInit] = WeightInit.PLAIN
     dense_weights: ClassVar[DenseWeights] = DenseWeights.AS_PLANNED
     after_loading: ClassVar[AfterLoading] = AfterLoading.AS_LOADED
@@ -223,7 +223,7 @@ class EPMeta:
     @property
     def missing_keys(self) -> MissingKeys:
         # read partitions are ZeRO-3 parameters, as under Zero3Init
-        return MissingKeys.LEAVE_TO_ZERO3 if self.reads_partitions else MissingKeys.MATERIALISE
+        return MissingKeys.LEAVE_TO_ZERO3 if self.reads_partitions else MissingKeys.MATERIALIZE
 
     @property
     def weight_init(self) -> WeightInit:
@@ -241,7 +241,7 @@ def _check_size(name: str, value: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ParallelSizes:
-    """Distributed sizes after `DistributedConfig` normalisation (all 1 when there is no distributed config)."""
+    """Distributed sizes after `DistributedConfig` normalization (all 1 when there is no distributed config)."""
 
     tp: int = 1
     ep: int = 1
@@ -260,7 +260,7 @@ class ParallelSizes:
 
     @property
     def expert_parallel(self) -> bool:
-        """EP is on when `ep_size > 1` after normalisation, whatever `enable_expert_parallel` said."""
+        """EP is on when `ep_size > 1` after normalization, whatever `enable_expert_parallel` said."""
         return self.ep > 1
 
     def describe(self) -> str:

@@ -50,13 +50,13 @@ def decisions(
     }
 
 
-# Without ZeRO-3: meta init (3829-3831), no device_map check (136), standard loader (4521), materialise (4849),
+# Without ZeRO-3: meta init (3829-3831), no device_map check (136), standard loader (4521), materialize (4849),
 # plain init (4904).
 STANDARD = decisions(
     InitContext.META,
     DeviceMapRule.PASS_THROUGH,
     LoadingBranch.SHARD_ON_READ,
-    MissingKeys.MATERIALISE,
+    MissingKeys.MATERIALIZE,
     WeightInit.PLAIN,
 )
 # Dense ZeRO-3: zero.Init (3815-3825), device_map refused (136-137), the ZeRO-3 loader (4521), early return (4849),

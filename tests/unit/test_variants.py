@@ -60,7 +60,7 @@ def test_meta_shard_on_read_decisions(
     assert policy.device_map is device_map
     assert policy.nested_from_config_opens_zero3_init is False
     assert policy.loading_branch is LoadingBranch.SHARD_ON_READ
-    assert policy.missing_keys is MissingKeys.MATERIALISE
+    assert policy.missing_keys is MissingKeys.MATERIALIZE
     assert policy.weight_init is WeightInit.PLAIN
 
 
@@ -70,7 +70,7 @@ def test_ep_meta_decisions() -> None:
     assert policy.nested_from_config_opens_zero3_init is False
     assert policy.device_map is DeviceMapRule.ADMIT_MESH_BOUND
     assert policy.loading_branch is LoadingBranch.SHARD_ON_READ
-    assert policy.missing_keys is MissingKeys.MATERIALISE
+    assert policy.missing_keys is MissingKeys.MATERIALIZE
     assert policy.weight_init is WeightInit.PLAIN
     assert policy.dense_weights is DenseWeights.LEFT_TO_ZERO3
     assert policy.after_loading is AfterLoading.DEEPSPEED_EXPERT_GROUPS
