@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -169,9 +171,21 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
     assert handed == isinstance(policy, EPMeta) == (policy.dense_weights is DenseWeights.LEFT_TO_ZERO3)
 
 
-@given(inputs)
-def test_selection_is_deterministic(load_inputs: LoadInputs) -> None:
-    assert _outcome(load_inputs) == _outcome(load_inputs)
+# What a launch's environment says that the selector must not read: it decides from its inputs alone
+_LAUNCH_ENVIRONMENTS = [
+    {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1"},
+    {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+    {"WORLD_SIZE": "1", "ACCELERATE_USE_FSDP": "true"},
+]
+
+
+@given(inputs, st.sampled_from(_LAUNCH_ENVIRONMENTS))
+def test_selection_reads_only_its_inputs(load_inputs: LoadInputs, environment: dict[str, str]) -> None:
+    """The same inputs, rebuilt field by field, select the same policy (or refusal) whatever the environment says."""
+    before = _outcome(load_inputs)
+    rebuilt = dataclasses.replace(load_inputs, sizes=dataclasses.replace(load_inputs.sizes))
+    with mock.patch.dict(os.environ, environment):
+        assert _outcome(rebuilt) == before
 
 
 def test_ranks_that_agree_pass() -> None:
