@@ -67,7 +67,9 @@ def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, P
         assert "error" not in result, f"patched rank {rank}: {result.get('traceback')}"
         assert result["policy"] == "EPMeta"
         assert result["on_meta"] == []
+        assert result["experts"], f"patched rank {rank}: no expert parameter was compared"
         assert all(equal for _, _, equal in result["experts"].values())
+        assert result.get("dense_unequal", []) == []  # every dense parameter equal to the one-process load
         assert result["max_abs_diff"] <= 1e-5
 
 
