@@ -457,7 +457,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         '        kwargs["sync_module_states"] = False',
         "        pass",
-        _in_tree("test_dense_model_reads_partitions_equal_to_the_checkpoint"),
+        _in_tree("test_a_model_whose_partitions_are_read_is_built_without_the_broadcast_where_deepspeed_offers_it"),
     ),
     Mutation(
         "missing-expert-unnamed",
