@@ -275,8 +275,8 @@ MUTATIONS = (
         "expert shards join DeepSpeed's expert groups (placement family)",
         Target.TREE,
         "integrations/deepspeed.py",
-        'param.ds_zero_placement_family = "autoep_expert"',
-        "pass",
+        "        moe_utils.place_expert_parameters([param], ep_size)\n        return",
+        "        return",
         SGD,
     ),
     Mutation(
