@@ -1,8 +1,8 @@
 """Every relative link and every backticked repository path in README.md and docs/ names something in the tree.
 
 Paths of the transformers tree (`src/transformers/...`, `tests/deepspeed/...`) are checked against the patched tree
-itself by `tests/patches/test_readme_commands.py`; DeepSpeed's, and transformers' `docs/source/` (not in the sdist),
-are not checked. Text inside fenced
+itself by `tests/patches/test_readme_commands.py`; DeepSpeed's against the files its series touches; transformers'
+`docs/source/` (not in the sdist) is not checked. Text inside fenced
 blocks (drafts of upstream pages) is not ours to link.
 """
 
@@ -26,8 +26,16 @@ _PATH = re.compile(r"[\w.{},*/-]+")
 _FENCE = re.compile(r"^(`{3,}).*?^\1\s*$", re.MULTILINE | re.DOTALL)
 # Paths in the upstream trees the series patches, not in this repository.
 TRANSFORMERS_TOPS = ("src/transformers", "tests/deepspeed", "tests/utils", "tests/distributed")
-# Not checked: DeepSpeed's tree, and transformers' docs/ (the PyPI sdist the series applies to carries none).
-UNCHECKED_TOPS = ("deepspeed/", "tests/unit/runtime", "docs/source")
+# Not checked: transformers' docs/ (the PyPI sdist the series applies to carries none).
+UNCHECKED_TOPS = ("docs/source",)
+# DeepSpeed's tree: a path counts when a patch of the DeepSpeed series touches it (or a file under it)
+DEEPSPEED_TOPS = ("deepspeed/", "tests/unit/runtime", "tests/unit/moe")
+_DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
+DEEPSPEED_TOUCHED = {
+    match[1]
+    for patch in (ROOT / "patches" / "deepspeed").glob("*.patch")
+    for match in _DIFF_PATH.finditer(patch.read_text(encoding="utf-8"))
+}
 
 
 def _expand(text: str) -> list[str]:
@@ -46,6 +54,10 @@ def _exists(page: Path, target: str, base: Path) -> bool:
     path = target.split("#", 1)[0].split(":", 1)[0]  # `file.py:123` cites a line, `file.py::test` a test
     if not path:
         return True
+    if base == ROOT and path.startswith(DEEPSPEED_TOPS):
+        return any(
+            touched == path.rstrip("/") or touched.startswith(path.rstrip("/") + "/") for touched in DEEPSPEED_TOUCHED
+        )
     if "*" in path:
         return any(base.glob(path))
     return (base / path).exists()
