@@ -109,3 +109,11 @@ def test_the_checks_see_a_broken_path(tmp_path: Path) -> None:
         "src/loadpolicy/nowhere.py",
         "src/loadpolicy/gone.py",
     ]
+
+
+def test_every_result_file_is_listed_in_the_results_index() -> None:
+    results = ROOT / "docs" / "results"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| \[([^\]]+)\]\(", index, re.MULTILINE))
+    present = {p.name for p in results.iterdir() if p.name != "README.md"}
+    assert listed == present
