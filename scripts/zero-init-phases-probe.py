@@ -17,9 +17,8 @@ import time
 import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.runtime.zero.partition_parameters import Init
-
 import transformers
+from deepspeed.runtime.zero.partition_parameters import Init
 from transformers import modeling_utils
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
@@ -61,4 +60,5 @@ dist.barrier()
 start[0] = time.perf_counter()
 model = model_class.from_pretrained(path, dtype=torch.bfloat16)
 total = time.perf_counter() - start[0]
-print(f"rank {dist.get_rank()}: built at {times['built']:.2f}s, read {times['read']:.2f}s, total {total:.2f}s", flush=True)
+phases = f"built at {times['built']:.2f}s, read {times['read']:.2f}s, total {total:.2f}s"
+print(f"rank {dist.get_rank()}: {phases}", flush=True)

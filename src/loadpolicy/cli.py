@@ -16,7 +16,7 @@ from loadpolicy.bench import run as bench_command
 from loadpolicy.bench import throughput as throughput_command
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.explain import explain
-from loadpolicy.launch_inputs import launch_of, read_launch
+from loadpolicy.launch_inputs import read_launch
 from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes
@@ -79,15 +79,14 @@ def _run_explain(args: argparse.Namespace) -> str:
     requested = None if args.policy is None else parse_policy_name(args.policy)
     flags = {"quantized": args.quantized, "outer_zero3_init": args.outer_zero3_init, "requested": requested}
     if args.example is not None:
+        ds_config, raw = EXAMPLES[args.example]
         if given := _sizes_given(args):
-            ds_config, raw = EXAMPLES[args.example]
             raise CommandError(
                 f"--example {args.example} fixes the launch (DeepSpeed config {json.dumps(ds_config)}, "
                 f"{raw.describe()}) and would ignore {', '.join(given)}; accepted: --example alone, or your own "
                 "launch as --deepspeed-config FILE (examples/ds_zero3.json) with the size options."
             )
-        ds_config, raw = EXAMPLES[args.example]
-        launch = launch_of(ds_config, f"example {args.example!r}", raw, **flags)
+        launch = read_launch(ds_config, raw, source=f"example {args.example!r}", **flags)
     else:
         raw = RawSizes(
             tp_size=args.tp_size,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 class CommandError(Exception):
@@ -25,26 +26,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0, or an error naming what was given."""
+def _finite_number(text: str, accepted: str, ok: Callable[[float], bool]) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {accepted}, got {text}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0, or an error naming what was given."""
+    return _finite_number(text, "a number of seconds > 0", lambda value: value > 0)
 
 
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number >= 0, or an error naming what was given."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    return _finite_number(text, "a number >= 0", lambda value: value >= 0)
 
 
 def missing_extra(what: str, module: str, extra: str = "live") -> CommandError:

@@ -26,43 +26,24 @@ class Launch:
 
 
 def read_launch(
-    config_path: Path | None,
+    config: Path | dict[str, object] | None,
     raw: RawSizes,
     *,
+    source: str | None = None,
     world_size: int = 1,
     quantized: bool = False,
     outer_zero3_init: bool = False,
     requested: PolicyName | None = None,
 ) -> Launch:
-    """Read and check the config file, normalise the sizes as transformers does, and run the selector once, so any
-    launch `from_pretrained` would refuse is refused here, naming the bad value and what is accepted."""
-    config = None if config_path is None else read_config(config_path)
-    return launch_of(
-        config,
-        f"DeepSpeed config {str(config_path)!r}",
-        raw,
-        world_size=world_size,
-        quantized=quantized,
-        outer_zero3_init=outer_zero3_init,
-        requested=requested,
-    )
-
-
-def launch_of(
-    config: dict[str, object] | None,
-    source: str,
-    raw: RawSizes,
-    *,
-    world_size: int = 1,
-    quantized: bool = False,
-    outer_zero3_init: bool = False,
-    requested: PolicyName | None = None,
-) -> Launch:
-    """`read_launch` for a config already parsed (`source` names it in messages)."""
+    """Read and check the DeepSpeed config (a file, or a config already parsed that `source` names in messages),
+    normalise the sizes as transformers does, and run the selector once, so any launch `from_pretrained` would refuse
+    is refused here, naming the bad value and what is accepted."""
+    if isinstance(config, Path):
+        source, config = f"DeepSpeed config {str(config)!r}", read_config(config)
     stage = 0
     if config is not None:
-        stage = zero_stage_of(config, source=source)
-        check_sections(config, source=source)
+        stage = zero_stage_of(config, source=source or "DeepSpeed config")
+        check_sections(config, source=source or "DeepSpeed config")
     if requested in (PolicyName.ZERO3_INIT, PolicyName.EP_META) and stage != 3:
         raise CommandError(
             f"--policy {requested} loads under DeepSpeed ZeRO-3, and this launch has "

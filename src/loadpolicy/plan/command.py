@@ -19,7 +19,7 @@ from loadpolicy.errors import CommandError, missing_extra, non_negative_float, p
 from loadpolicy.plan.calibrate import TOLERANCE, calibrate, misses, render_calibration
 from loadpolicy.plan.configs import PUBLISHED, published_config
 from loadpolicy.plan.cost import Device, Launch, Plan, predict
-from loadpolicy.plan.inventory import DTYPE_BYTES, config_from_dict, inventory_from_config
+from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
 from loadpolicy.plan.project import plot_projection, project, render_projection
 from loadpolicy.policy import PolicyName, parse_policy_name
 from loadpolicy.shape import LaunchShape
@@ -68,33 +68,9 @@ def launch_shape(args: argparse.Namespace) -> LaunchShape:
     return dataclasses.replace(shape, flat_partitions=not args.gather_and_copy)
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    """A `config.json` (or a directory holding one), with an error naming what is wrong with it."""
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        where = f"{str(path)!r} has no config.json" if path.is_dir() else f"{str(file)!r} does not exist"
-        raise CommandError(f"--config: {where}; accepted: a model's config.json or the directory holding it") from None
-    except OSError as exc:
-        raise CommandError(f"--config: cannot read {str(file)!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CommandError(
-            f"--config: {str(file)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
-        found = type(raw).__name__ if not isinstance(raw, dict) else f"model_type {raw.get('model_type')!r}"
-        raise CommandError(
-            f"--config: {str(file)!r} names no model type ({found}); accepted: a transformers config.json with a "
-            '"model_type" string, e.g. "qwen3_moe"'
-        )
-    return raw
-
-
 def _inventory(args: argparse.Namespace) -> Any:
     try:
-        config = published_config(args.model) if args.model else config_from_dict(_read_config_file(args.config))
-        return inventory_from_config(config, args.dtype)
+        return inventory_from_config(published_config(args.model) if args.model else args.config, args.dtype)
     except ModuleNotFoundError as exc:
         raise missing_extra("loadpolicy plan launch", exc.name or "transformers") from None
     except ValueError as exc:  # AutoConfig: an unknown model_type, or fields its config class refuses

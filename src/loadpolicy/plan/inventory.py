@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.errors import CommandError
+
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -93,19 +95,41 @@ def _load_config(config: Any) -> Any:
     """A transformers config object from an object, a `config.json` path or a directory holding one."""
     if not isinstance(config, str | Path):
         return config
-    path = Path(config)
-    return config_from_dict(json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8")))
+    return config_from_dict(read_config_file(Path(config)))
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A `config.json` (or a directory holding one), with an error naming what is wrong with it."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        where = f"{str(path)!r} has no config.json" if path.is_dir() else f"{str(file)!r} does not exist"
+        raise CommandError(f"--config: {where}; accepted: a model's config.json or the directory holding it") from None
+    except OSError as exc:
+        raise CommandError(f"--config: cannot read {str(file)!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"--config: {str(file)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        found = type(raw).__name__ if not isinstance(raw, dict) else f"model_type {raw.get('model_type')!r}"
+        raise CommandError(
+            f"--config: {str(file)!r} names no model type ({found}); accepted: a transformers config.json with a "
+            '"model_type" string, e.g. "qwen3_moe"'
+        )
+    return raw
 
 
 def inventory_from_config(config: Any, dtype: str = "bfloat16") -> Inventory:
     """Build the causal-LM model of `config` on the meta device and list its tensors with their placements."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    config = _load_config(config)  # a config file's errors first, with or without the `live` extra
     import torch  # noqa: PLC0415  # the `live` extra
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
     from transformers.distributed.parallel_utils import _get_parameter_plan  # noqa: PLC0415
 
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-    config = _load_config(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     ep_plan, tp_plan = dict(model.ep_plan), dict(model.tp_plan)

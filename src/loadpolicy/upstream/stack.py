@@ -115,9 +115,7 @@ def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.
             modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
             _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
             if added:
-                pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(worktree)]
-                output = _run([*pytest, "-c", str(worktree / "pyproject.toml"), *added], worktree, label, timeout)
-                summary = output.strip().splitlines()[-1] if output.strip() else ""
+                summary = _pytest(worktree, added, label, timeout)
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
                     raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
         finally:
@@ -134,6 +132,11 @@ SERIES_TEST_DIRS = ("tests/deepspeed", "tests/distributed", "tests/utils")
 def run_series_tests(tree: Path, timeout: float) -> str:
     """Every test the series adds, on `tree` as checked out: pytest's summary line, or an error with its output."""
     folders = [folder for folder in SERIES_TEST_DIRS if (tree / folder).is_dir()]
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tree)]
-    output = _run([*pytest, "-c", str(tree / "pyproject.toml"), *folders], tree, f"tests on {tree}", timeout)
-    return output.strip().splitlines()[-1] if output.strip() else "(no output)"
+    return _pytest(tree, folders, f"tests on {tree}", timeout)
+
+
+def _pytest(tree: Path, tests: list[str], label: str, timeout: float) -> str:
+    """pytest on `tests` of `tree`, with the tree's own configuration: its summary line."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tree)]
+    output = _run([*command, "-c", str(tree / "pyproject.toml"), *tests], tree, label, timeout)
+    return output.strip().splitlines()[-1] if output.strip() else ""
