@@ -8,6 +8,7 @@ patched tree installed (tox -e patches).
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,3 +54,42 @@ def test_a_device_map_the_quantizer_filled_in_is_not_refused(name: str) -> None:
     # ... which ZeRO-3 would refuse had the user passed it: checking after the quantizer breaks QLoRA under ZeRO-3
     with pytest.raises(ValueError, match="DeepSpeed Zero-3 is not compatible with passing a `device_map`"):
         check_device_map_for_load_policy(filled, ZERO3_QUANTIZED)
+
+
+class _Checked(Exception):
+    """Raised by the recording check: loading stops right after the device map was checked."""
+
+
+def test_from_pretrained_checks_the_device_map_passed_in_not_the_filled_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The order inside `from_pretrained` is what this guards: the quantizer fills a map, then the policy's check runs
+    # on the map the user passed (None). Checking the filled one is what stock's order would amount to here.
+    import transformers.modeling_utils as modeling_utils
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    quantizer = AUTO_QUANTIZER_MAPPING["bitsandbytes_8bit"]
+    # bitsandbytes is not installed here: the check under test runs before any weight is quantized
+    monkeypatch.setattr(quantizer, "validate_environment", lambda self, *args, **kwargs: None)
+    checked: list[Any] = []
+
+    def record(device_map: Any, load_policy: Any) -> None:
+        checked.append((device_map, type(load_policy).__name__))
+        raise _Checked
+
+    monkeypatch.setattr(modeling_utils, "check_device_map_for_load_policy", record)
+    zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    try:
+        with pytest.raises(_Checked):
+            LlamaForCausalLM.from_pretrained(tmp_path, quantization_config=BitsAndBytesConfig(load_in_8bit=True))
+    finally:
+        unset_hf_deepspeed_config()
+        del zero3
+    assert filled_device_map("bitsandbytes_8bit") is not None  # the quantizer does fill one in
+    assert checked == [(None, "MetaShardOnRead")]

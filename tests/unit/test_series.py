@@ -126,9 +126,9 @@ def test_the_series_is_a_stack_of_pull_requests_then_the_fork_only_patches() -> 
     assert [label.split(":")[0] for label in labels] == [f"PR {n}" for n in range(1, len(labels) + 1)]
     # the small independent fixes first, each applying to the pristine sources alone; then EP under ZeRO-3
     standalone = [series.needs_nothing(label) for label in labels]
-    assert standalone[:4] == [True] * 4
-    assert "PR 5: EP under ZeRO-3 loads and trains" in labels
-    assert not any(standalone[labels.index("PR 5: EP under ZeRO-3 loads and trains") :])
+    assert standalone[:5] == [True] * 5
+    assert "PR 6: EP under ZeRO-3 loads and trains" in labels
+    assert not any(standalone[labels.index("PR 6: EP under ZeRO-3 loads and trains") :])
     ends = [end for _, end in series.pull_requests()]
     assert ends == sorted(ends)
     assert ends[-1] < len(series.names)  # the fork-only patches come last

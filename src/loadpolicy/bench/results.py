@@ -33,6 +33,8 @@ class LoadMeasurement(TypedDict):
     read_bytes_loading: int
     rchar: int  # bytes this rank's read calls returned while loading (`pread` counts, memory-mapped pages do not)
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
+    fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`bench.fingerprint`)
+    value_problems: list[str]  # those that differ, or that the model and the reference do not share
 
 
 class StepTimes(TypedDict):

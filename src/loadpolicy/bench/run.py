@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.errors import CommandError, positive_int
-from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker, run_bounded, tree_env
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import LoadingBranch, PolicyName
@@ -61,8 +62,9 @@ class Case:
         stock = self.tree is Tree.STOCK  # stock transformers gathers and copies
         return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested, flat_partitions=not stock)
 
-    def problems(self, results: list[LoadMeasurement], tree: Path) -> list[str]:
-        """What makes a launch not this case: another policy, another tree, or (stock) parameters not partitioned."""
+    def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
+        """What makes a launch not this case: another policy, another tree, values that are not the checkpoint's, or
+        (stock) parameters not partitioned."""
         expected = self.policy if self.tree is Tree.PATCHED else None  # stock has no `_load_policy`
         problems = [
             f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
@@ -79,6 +81,17 @@ class Case:
                 for r in results
                 if r["loading_branch"] != self.branch.value
             ]
+        # the values: every rank's parameters add up to the checkpoint's (no rank compared nothing)
+        problems += [
+            f"rank {r['rank']}: {r['fingerprinted']} of {expected_parameters} parameters compared with the checkpoint"
+            for r in results
+            if r["fingerprinted"] != expected_parameters
+        ]
+        problems += [
+            f"rank {r['rank']}: values differ from the checkpoint: {'; '.join(r['value_problems'][:3])}"
+            for r in results
+            if r["value_problems"]
+        ]
         if self.policy is PolicyName.ZERO3_INIT:
             problems += [
                 f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
@@ -107,6 +120,21 @@ CASES = (
 
 def _applies(case: Case, model: BenchModel) -> bool:
     return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
+
+
+def reference_fingerprints(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
+    """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
+    path = out / "fingerprints.json"
+    newest = max(f.stat().st_mtime for f in checkpoint.iterdir())
+    if path.exists() and path.stat().st_mtime > newest:
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "loadpolicy.bench.fingerprint", str(checkpoint), model_class, str(path)]
+    returncode = run_bounded(command, tree_env(stock), out / "fingerprint.log", timeout)
+    if returncode != 0 or not path.exists():
+        why = "timed out" if returncode is None else f"exited {returncode}"
+        raise BenchFailedError(f"the reference fingerprints of {checkpoint} {why}: see {out / 'fingerprint.log'}")
+    return path
 
 
 def _launch(spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
@@ -205,6 +233,10 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
         for model in models:
             path = build(model, out.resolve() / "checkpoints")
             params = parameter_count(path)
+            reference = reference_fingerprints(
+                path, model.model_class, trees[Tree.STOCK], out.resolve() / "fingerprints" / model.name, timeout
+            )
+            compared = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
             for case in (c for c in CASES if _applies(c, model)):
                 runs, error = [], None
                 for repeat in range(repeats):
@@ -215,13 +247,14 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                         "requested": case.requested,
                         "checkpoint": str(path),
                         "model_class": model.model_class,
+                        "fingerprints": str(reference),
                     }
                     name = f"{model.name}-{case.policy}-{case.layout}-{ranks}-{repeat}"
                     results = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
                     if isinstance(results, str):
                         error = results
                         break
-                    error = "; ".join(case.problems(results, trees[case.tree]))[:300] or None
+                    error = "; ".join(case.problems(results, trees[case.tree], compared))[:300] or None
                     if error:
                         break
                     runs.append(results)

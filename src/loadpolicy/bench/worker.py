@@ -3,18 +3,21 @@
 Measures `from_pretrained` on this rank: wall time, peak RSS split into anonymous and file-backed memory (sampled every
 5 ms, plus the kernel's own peak, `VmHWM`, reset just before loading), bytes read from storage (`/proc/self/io`; the
 orchestrator evicts the checkpoint from the page cache before each launch; counted until every loaded tensor has been
-touched, as mapped pages are read on first use), and the bytes of the parameters this rank
-holds afterwards. Memory-mapped weights that loading never touched are not resident yet, so after loading every
-parameter is read once and the resident memory measured again ("held"). The RSS just before loading (the process has
-imported everything, the model's module included, and joined the process group) is the baseline.
+touched, as mapped pages are read on first use), and the bytes of the parameters this rank holds afterwards.
+Memory-mapped weights that loading never touched are not resident yet, so after loading every parameter is read once
+and the resident memory measured again ("held"). The RSS just before loading (the process has imported everything, the
+model's module included, and joined the process group) is the baseline. Then, untimed, the values this rank holds are
+compared with the checkpoint's (`bench.fingerprint`), before `deepspeed.initialize` touches them.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.fingerprint import check_loaded
 from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
@@ -71,6 +74,12 @@ def _initialize(model: Any, config: dict[str, Any]) -> float:
     return time.perf_counter() - start
 
 
+def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tuple[int, list[str]]:
+    """The values loaded, against the checkpoint's, before `deepspeed.initialize` touches them (collective)."""
+    this.stage("fingerprints")
+    return check_loaded(model, json.loads(fingerprints.read_text(encoding="utf-8"))["fingerprints"])
+
+
 def _zero3_config(world: int) -> dict[str, Any]:
     # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
     return {
@@ -111,6 +120,7 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
     io_touched = io_counters()  # pages of memory-mapped tensors that loading left untouched are read on first use
     # what loading partitioned, before `deepspeed.initialize` partitions the rest
     unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
+    fingerprinted, value_problems = _compare_with_checkpoint(this, Path(spec["fingerprints"]), model)
     initialize_seconds = _initialize(model, zero3) if spec["zero3"] else None
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
@@ -135,6 +145,8 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
         "read_bytes_loading": io_after["read_bytes"] - io_before["read_bytes"],
         "rchar": io_after["rchar"] - io_before["rchar"],
         "owned_bytes": owned,
+        "fingerprinted": fingerprinted,
+        "value_problems": value_problems,
     }
     torch.distributed.barrier()
     return result
