@@ -77,7 +77,8 @@ def test_every_mutation_finds_its_text_once_in_the_code_it_breaks(trees: tuple[P
     """`tox -e mutants` fails on a mutation whose text moved; this says so in `tox -e patches`, on every change of the
     series or of `policy.py`, without running the mutants."""
     import loadpolicy
-    from loadpolicy.validate.mutants import MUTATIONS, Target
+    from loadpolicy.validate.checks import Target
+    from loadpolicy.validate.mutations import MUTATIONS
 
     _, patched = trees
     roots = {Target.TREE: patched / "src" / "transformers", Target.POLICY: Path(loadpolicy.__file__).parent}

@@ -16,6 +16,7 @@ LAYERS = {
     "sizes": 0,
     "dsconfig": 0,
     "errors": 0,
+    "units": 0,
     "launch_inputs": 1,
     "live": 1,
     "explain": 1,

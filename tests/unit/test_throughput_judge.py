@@ -27,6 +27,7 @@ def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batc
         "profile_calls_by_phase": {"forward": {"aten::mm": 40}, "backward": {"aten::mm": 80}, "optimizer": {}},
         "peak_training_bytes": 2**30,
         "threads": 1,
+        "experts_kernel": "grouped_mm",
     }
 
 

@@ -40,7 +40,7 @@ FULL = (
     _moe("moe-300m", _BASE, hidden_size=1024, num_hidden_layers=8, num_experts=16, moe_intermediate_size=512),
     _moe("moe-850m", _BASE, hidden_size=1024, num_hidden_layers=12, num_experts=32, moe_intermediate_size=640),
     _dense("dense-300m", _BASE, hidden_size=1024, num_hidden_layers=14, intermediate_size=4096),
-    # how peak and time grow with size (issue 18): 3.5x dense-300m's bytes, same layout
+    # how peak and time grow with size: 3.5x dense-300m's bytes, same layout
     _dense("dense-1b", _BASE, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192),
 )
 SMOKE = (

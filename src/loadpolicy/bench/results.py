@@ -63,3 +63,4 @@ class ThroughputRank(TypedDict):
     profile_calls_by_phase: dict[str, dict[str, int]]  # how many times each of those operators ran
     peak_training_bytes: int  # VmHWM over the training steps
     threads: int
+    experts_kernel: str  # transformers' `experts_implementation` the model ran, or AutoEP's own layers

@@ -35,9 +35,9 @@ from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.units import GIB
 
 
-GIB = 1024**3
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1024**2)}
 
 

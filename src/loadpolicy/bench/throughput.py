@@ -1,4 +1,4 @@
-"""`loadpolicy throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3 (issue 17).
+"""`loadpolicy throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
 
 Four ways on the same checkpoint, world and ep (`throughput_worker`): EPMeta with token dispatch, EPMeta as 5.23.0
 spells EP (tp = ep, a shared batch per EP group), DeepSpeed AutoEP, and plain ZeRO-3 without EP. Per way: tokens/s per
@@ -29,6 +29,7 @@ from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
+from loadpolicy.units import GIB
 
 
 # way -> (tree, policy every rank must report: None on stock, which has none)
@@ -42,7 +43,6 @@ WAYS: dict[str, tuple[Tree, str | None]] = {
 SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
 LOSS_BOUND = 1e-4
 WORKER = "loadpolicy.bench.throughput_worker"
-GIB = 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,7 @@ class Row:
     optimizer_s: float | None = None
     collectives_s: dict[str, float] = field(default_factory=dict)  # slowest rank, one profiled step
     peak_training_gib: list[float] = field(default_factory=list)  # per rank
+    experts_kernel: str = ""  # what computed the experts: transformers' `experts_implementation`, or AutoEP's layers
     first_loss: float | None = None  # mean over ranks
     losses: list[float] = field(default_factory=list)  # mean over ranks, per step (the warm-up first)
 
@@ -108,6 +109,7 @@ def _row(way: str, shape: LaunchShape, ep: int, seconds: float, results: list[Th
         optimizer_s=part("optimizer"),
         collectives_s={kind: max(r["collectives"].get(kind, 0.0) for r in results) for kind in kinds},
         peak_training_gib=[round(r["peak_training_bytes"] / GIB, 2) for r in results],
+        experts_kernel=", ".join(sorted({r["experts_kernel"] for r in results})),
         first_loss=statistics.fmean(r["losses"][0] for r in results),
         losses=[statistics.fmean(r["losses"][step] for r in results) for step in range(len(results[0]["losses"]))],
     )
@@ -246,14 +248,15 @@ def render_markdown(rows: list[Row], command: str, model: str, sequence: int) ->
         f"`{command}`: {model}, float32, micro-batch 1 x {sequence} tokens per rank, gloo on CPU (OMP_NUM_THREADS=1).",
         "",
         ("| round " if rounds else "")
-        + "| way | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward | optimizer "
+        + "| way | experts kernel | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward "
+        "| optimizer "
         "| collectives in one step, s | peak RSS training, GiB (per rank) | first loss |",
-        ("|---:" if rounds else "") + "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        ("|---:" if rounds else "") + "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for r in rows:
         first = f"| {r.repeat + 1} " if rounds else ""
         if r.error:
-            lines.append(f"{first}| {r.way} | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
+            lines.append(f"{first}| {r.way} | - | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
             continue
         base = next(
             (
@@ -267,7 +270,8 @@ def render_markdown(rows: list[Row], command: str, model: str, sequence: int) ->
         ratio = f"{mine / base:.2f}x" if base and mine is not None else "-"
         collectives = ", ".join(f"{k} {v:.2f}" for k, v in r.collectives_s.items() if v >= 0.005) or "-"
         lines.append(
-            f"{first}| {r.way} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} | {r.tokens_per_s_per_rank:.1f} "
+            f"{first}| {r.way} | {r.experts_kernel} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} "
+            f"| {r.tokens_per_s_per_rank:.1f} "
             f"| {ratio} | {r.step_s:.2f} | {r.forward_s:.2f} | {r.backward_s:.2f} | {r.optimizer_s:.2f} "
             f"| {collectives} | {' / '.join(f'{g:.2f}' for g in r.peak_training_gib)} | {r.first_loss:.5f} |"
         )

@@ -167,6 +167,12 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
     this.stage("from_pretrained")
     model = _load(spec, world)
     policy = getattr(model, "_load_policy", None)
+    # what computes the experts: AutoEP replaces transformers' experts with its own layers
+    experts_kernel = (
+        "AutoEP per-expert loop"
+        if spec["way"] == "autoep"
+        else str(getattr(model.config, "_experts_implementation", None) or "default")
+    )
     if spec["way"] == "autoep":
         apply_output_capture_registry_shim()
     this.stage("deepspeed.initialize")
@@ -205,6 +211,7 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
         "profile_calls_by_phase": {phase: calls for phase, (_, calls) in events.items()},
         "peak_training_bytes": peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
+        "experts_kernel": experts_kernel,
     }
 
 

@@ -46,6 +46,9 @@ class FaultCase:
     # Only rank 0 raises `error`: the others loaded without ZeRO-3 (no error of their own) and must only end, by an
     # error in their next collective once rank 0 has failed, or stopped by torchrun
     others_end: bool = False
+    # environment of the launch: a short bound on waiting for peers turns a rank left waiting into an error that
+    # names the ranks it waited for, within the launch's bound
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def _cases() -> tuple[FaultCase, ...]:
@@ -98,6 +101,7 @@ def _cases() -> tuple[FaultCase, ...]:
                 then_collective=True,
                 error="Ranks disagree on how to load (zero3_enabled: rank 0=True, ",
                 others_end=True,
+                env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "30"),),
             )
             for where, process_group in (("process group up", True), ("no process group yet", False))
         ),
@@ -191,7 +195,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
     with (
         (out / "launcher.log").open("w", encoding="utf-8") as log,
         subprocess.Popen(
-            command, env=tree_env(tree), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=tree_env(tree) | dict(case.env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         ) as proc,
     ):
         try:

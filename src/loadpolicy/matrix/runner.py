@@ -176,13 +176,13 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
     if run.spec.bnb_8bit and not (result.get("quantized_8bit", 0) > 0):
         problems.append("no parameter was quantized to 8 bits")
     if run.spec.patched_policy is PolicyName.ZERO3_INIT:
-        # The patched tree reads each rank's partitions (issue 18); stock gathers and copies
+        # The patched tree reads each rank's partitions; stock gathers and copies
         branch = LoadingBranch.ZERO3_READ_PARTITIONS.value if run.tree is Tree.PATCHED else None
         problems += _partition_problems(result, branch)
         problems += _unequal_problems(result, "gathered_unequal", "gathered values")
         return problems
     if run.spec.patched_policy is PolicyName.EP_META and run.tree is Tree.PATCHED:
-        # The patched tree partitions the meta model before reading (issue 18): nothing left whole for DeepSpeed
+        # The patched tree partitions the meta model before reading: nothing left whole for DeepSpeed
         problems += _partition_problems(result, LoadingBranch.ZERO3_READ_PARTITIONS.value)
     problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
     if run.spec.layout is not EPLayout.NONE:

@@ -26,9 +26,9 @@ from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.run import CASES
 from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
+from loadpolicy.units import GIB
 
 
-GIB = 1024**3
 TOLERANCE = 0.20  # the bound: predictions within 20% of measurements
 MIN_SCORED_GIB = 0.1  # own parts below this are within the RSS noise of a launch (a few tens of MiB)
 # (model, case, ranks) kept out of tuning: 10 of the 28 cases of the full bench, named before the run that scores them

@@ -23,9 +23,7 @@ from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
 from loadpolicy.plan.project import plot_projection, project, render_projection
 from loadpolicy.policy import PolicyName, parse_policy_name
 from loadpolicy.shape import LaunchShape
-
-
-GIB = 1024**3
+from loadpolicy.units import GIB
 
 
 def render_plan(plan: Plan, baseline: int = 0) -> str:

@@ -6,7 +6,7 @@ Each figure follows what transformers 5.23.0 (and the series) do while loading, 
   rank 0 alone maps the whole checkpoint (`map_location="cpu"`, the others read only headers), merges one converted
   group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
   whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
-  (issue 18) no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
+  no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
   `zero.Init` still builds each module whole before partitioning it (the fork skips its broadcast).
 - MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
   the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks

@@ -17,9 +17,9 @@ from loadpolicy.plan.configs import published_config
 from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
 from loadpolicy.shape import LaunchShape
+from loadpolicy.units import GIB
 
 
-GIB = 1024**3
 GPUS_PER_NODE = 8
 
 

@@ -1,0 +1,3 @@
+"""Units the reports share."""
+
+GIB = 1024**3

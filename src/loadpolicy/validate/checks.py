@@ -1,0 +1,118 @@
+"""The checks a mutation must fail: the smallest parts of the validation, each runnable on a copy of the code.
+
+A check runs a matrix launch, a parity case, a bad-input case, the unit tests or the patched tree's own tests, with a
+given copy of the patched tree's `src` (or of our package) in place of the real one, and says whether it passed and,
+when it did not, everything it said about why (`mutants` matches the reason against what the mutation expects).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import loadpolicy
+from loadpolicy.faults.run import FAULT_CASES, run_fault
+from loadpolicy.harness.launch import Tree
+from loadpolicy.matrix.runner import launch
+from loadpolicy.matrix.scenarios import Run
+from loadpolicy.parity.run import ParityCase, run_parity
+
+
+# the patched tree's test files `_in_tree` selects from (`-k`), relative to the checkout
+IN_TREE_FILES = (
+    "tests/deepspeed/test_deepspeed_expert_parallel.py",
+    "tests/deepspeed/test_deepspeed_partition_reads.py",
+    "tests/utils/test_core_model_loading_dtensor.py",
+    "tests/utils/test_loading_report_missing_tensors.py",
+)
+
+
+OUR_PACKAGE = Path(loadpolicy.__file__).resolve().parent
+
+
+class Target(enum.StrEnum):
+    TREE = "patched tree"  # paths relative to src/transformers of the patched checkout
+    POLICY = "loadpolicy"  # paths relative to our package
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    trees: dict[Tree, Path]
+    checkpoints: Path
+    variants: dict[str, Path]
+    tests: Path
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The smallest part of the validation that must fail when its behaviour breaks."""
+
+    label: str
+    run: Run | None = None
+    parity: ParityCase | None = None
+    fault: str | None = None  # a FAULT_CASES name, at 2 ranks
+    unit_tests: tuple[str, ...] = ()  # test files under Setup.tests
+    in_tree: str | None = None  # a `-k` selection of the patched tree's own DeepSpeed tests (`RUN_SLOW=1`)
+
+    def passes(self, code: Path, setup: Setup, out: Path) -> tuple[bool, str]:
+        """Run this check with `code` as the patched tree (or as our package's parent, for unit tests)."""
+        trees = {Tree.STOCK: setup.trees[Tree.STOCK], Tree.PATCHED: code}
+        if self.run is not None:
+            outcome = launch(self.run, trees, setup.checkpoints, out, setup.timeout)
+            details = [a.detail for a in outcome.archs if not a.passed]
+            return outcome.met_expectation, outcome.launch_error or "; ".join(details)
+        if self.parity is not None:
+            parity = run_parity(self.parity, trees, setup.checkpoints, out, setup.timeout)
+            return parity.passed, parity.detail
+        if self.fault is not None:
+            case = next(c for c in FAULT_CASES if c.name == self.fault)
+            fault = run_fault(case, 2, code, setup.variants, out)
+            return fault.passed, fault.detail
+        if self.in_tree is not None:  # the tree's tests, run on `code`: its `src` goes first on the path
+            checkout = setup.trees[Tree.PATCHED]
+            options = ["-c", str(checkout / "pyproject.toml"), "--rootdir", str(checkout), "-k", self.in_tree]
+            tests = [checkout / name for name in IN_TREE_FILES]
+            return _pytest_passes(code / "src", tests, out, setup.timeout, options, {"RUN_SLOW": "1"})
+        return _pytest_passes(code, [setup.tests / name for name in self.unit_tests], out, setup.timeout)
+
+
+def _pytest_passes(
+    code: Path,
+    tests: list[Path],
+    out: Path,
+    timeout: float,
+    options: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[bool, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        *(options or []),
+        *map(str, tests),
+    ]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f}s"
+    output = done.stdout + done.stderr
+    (out / "pytest.log").write_text(output, encoding="utf-8")
+    if done.returncode == 0:
+        return True, "passes"
+    # the failing tests and their assertion messages first, then the rest of the output, for `expects` to search
+    lines = output.strip().splitlines()
+    summary = [line for line in lines if line.startswith(("FAILED", "ERROR", "E   "))]
+    return False, "\n".join([*summary, "--- output ---", *lines[-200:]])
