@@ -16,10 +16,10 @@ from pathlib import Path
 
 import loadpolicy
 from loadpolicy.faults.run import FAULT_CASES, run_fault
-from loadpolicy.harness.launch import Tree
+from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.matrix.runner import launch
-from loadpolicy.matrix.scenarios import Run
-from loadpolicy.parity.run import ParityCase, run_parity
+from loadpolicy.matrix.scenarios import Run, Scenario
+from loadpolicy.parity.run import ParityCase, Trainer, run_parity
 
 
 # the patched tree's test files `_in_tree` selects from (`-k`), relative to the checkout
@@ -116,3 +116,41 @@ def _pytest_passes(
     lines = output.strip().splitlines()
     summary = [line for line in lines if line.startswith(("FAILED", "ERROR", "E   "))]
     return False, "\n".join([*summary, "--- output ---", *lines[-200:]])
+
+
+# The checks more than one mutation runs
+UNITS = Check("unit tests: variants, selection table", unit_tests=("test_variants.py", "test_selection_table.py"))
+EP_LOAD = Check("matrix: EP under ZeRO-3, torchrun x2", run=Run(Scenario.EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2))
+COMPOSITE_EP_LOAD = Check(
+    "matrix: composite EP under ZeRO-3, torchrun x2",
+    run=Run(Scenario.COMPOSITE_EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2),
+)
+QUANTIZED = Check(
+    "matrix: quantized ZeRO-3, torchrun x2", run=Run(Scenario.QUANTIZED_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+)
+SGD = Check(
+    "parity: qwen3_moe, DeepSpeed SGD x2",
+    parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+)
+DISPATCH = Check(
+    "parity: qwen3_moe, DeepSpeed SGD x2, token dispatch",
+    parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True),
+)
+MOE_ZERO3 = Check(
+    "matrix: MoE ZeRO-3 (conversions), torchrun x2", run=Run(Scenario.MOE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+)
+DENSE_ZERO3 = Check(
+    "matrix: dense ZeRO-3, torchrun x2", run=Run(Scenario.DENSE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
+)
+EXPORT = Check(
+    "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
+    parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+)
+
+
+def in_tree(test: str) -> Check:
+    return Check(f"in-tree: {test}, torchrun x2", in_tree=test)
+
+
+def fault(name: str) -> Check:
+    return Check(f"bad input: {name}, x2", fault=name)

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.matrix.scenarios import Run, Scenario
-from loadpolicy.parity.run import ParityCase, Trainer
-from loadpolicy.validate.checks import Check, Target
+from loadpolicy.validate.checks import (
+    COMPOSITE_EP_LOAD,
+    DENSE_ZERO3,
+    DISPATCH,
+    EP_LOAD,
+    EXPORT,
+    MOE_ZERO3,
+    QUANTIZED,
+    SGD,
+    UNITS,
+    Check,
+    Target,
+    fault,
+    in_tree,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,35 +34,6 @@ class Mutation:
     expects: str  # a pattern (re.search) the check's failure must contain: the judge and message that catch it
 
 
-UNITS = Check("unit tests: variants, selection table", unit_tests=("test_variants.py", "test_selection_table.py"))
-EP_LOAD = Check("matrix: EP under ZeRO-3, torchrun x2", run=Run(Scenario.EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2))
-COMPOSITE_EP_LOAD = Check(
-    "matrix: composite EP under ZeRO-3, torchrun x2",
-    run=Run(Scenario.COMPOSITE_EP_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2),
-)
-QUANTIZED = Check(
-    "matrix: quantized ZeRO-3, torchrun x2", run=Run(Scenario.QUANTIZED_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
-)
-SGD = Check(
-    "parity: qwen3_moe, DeepSpeed SGD x2",
-    parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
-)
-DISPATCH = Check(
-    "parity: qwen3_moe, DeepSpeed SGD x2, token dispatch",
-    parity=ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True),
-)
-MOE_ZERO3 = Check(
-    "matrix: MoE ZeRO-3 (conversions), torchrun x2", run=Run(Scenario.MOE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
-)
-DENSE_ZERO3 = Check(
-    "matrix: dense ZeRO-3, torchrun x2", run=Run(Scenario.DENSE_ZERO3, Tree.PATCHED, Launcher.TORCHRUN, 2)
-)
-EXPORT = Check(
-    "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
-    parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
-)
-
-
 # conversion_mapping.py's mixtral entry: the gate (w1) and up (w3) projections merged into gate_up_proj, in this order
 MIXTRAL_GATE_UP = """"mixtral": [
             WeightRenaming(".block_sparse_moe.", ".mlp."),
@@ -59,14 +41,6 @@ MIXTRAL_GATE_UP = """"mixtral": [
                 source_patterns=[
                     ".experts.*.{first}.weight",
                     ".experts.*.{second}.weight","""
-
-
-def _in_tree(test: str) -> Check:
-    return Check(f"in-tree: {test}, torchrun x2", in_tree=test)
-
-
-def _fault(name: str) -> Check:
-    return Check(f"bad input: {name}, x2", fault=name)
 
 
 MUTATIONS = (
@@ -77,7 +51,7 @@ MUTATIONS = (
         "core_model_loading.py",
         "expected_shape = param._local_tensor.shape if is_dtensor(param) else param.shape",
         "expected_shape = param.shape",
-        _in_tree("test_a_shard_already_in_the_models_layout_is_not_transposed"),
+        in_tree("test_a_shard_already_in_the_models_layout_is_not_transposed"),
         "attribute 'shape' do not match",
     ),
     Mutation(
@@ -189,7 +163,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "        moe_utils.place_expert_parameters([param], ep_size)\n        return",
         "        return",
-        _in_tree("test_expert_shards_are_placed_through_deepspeeds_api_where_it_has_one"),
+        in_tree("test_expert_shards_are_placed_through_deepspeeds_api_where_it_has_one"),
         "expert shards placed through DeepSpeed's API",
     ),
     Mutation(
@@ -248,7 +222,7 @@ MUTATIONS = (
         "modeling_utils.py",
         "check_deepspeed_holds_expert_groups()  # before any weight is read",
         "pass",
-        _in_tree("test_a_deepspeed_without_expert_placement_is_refused_before_any_weight_is_read"),
+        in_tree("test_a_deepspeed_without_expert_placement_is_refused_before_any_weight_is_read"),
         "'ImportError: Expert parallelism under ZeRO-3 needs a DeepSpeed' not found in 'OSError",
     ),
     Mutation(
@@ -258,7 +232,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         'grad * gradient_scale if hasattr(param, "ds_id") else grad)',
         "grad * gradient_scale)",
-        _in_tree("test_a_model_deepspeed_never_wraps_keeps_unscaled_expert_gradients"),
+        in_tree("test_a_model_deepspeed_never_wraps_keeps_unscaled_expert_gradients"),
         'assertLessEqual\\(result\\[\\"grad_diff\\"\\], 1e-5\\)',
     ),
     Mutation(
@@ -278,7 +252,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "    if (exchange := _load_policy_store()) is None:\n        return\n    store, rank, world_size = exchange",
         "    return\n    store, rank, world_size = _load_policy_store()",
-        _fault("plain load, ZeRO-3 config on rank 0 only, process group up"),
+        fault("plain load, ZeRO-3 config on rank 0 only, process group up"),
         "expected an error with 'Ranks disagree on how to load.*got RuntimeError:"
         " Ranks \\[1\\] did not finish loading",
     ),
@@ -289,7 +263,7 @@ MUTATIONS = (
         "modeling_utils.py",
         "    @fail_together\n",
         "",
-        _fault("truncated safetensors, one rank's view"),
+        fault("truncated safetensors, one rank's view"),
         "rank 0: expected an error with '`from_pretrained` failed on rank\\(s\\) \\[1\\].*got None",
     ),
     Mutation(
@@ -349,7 +323,7 @@ MUTATIONS = (
         "integrations/load_policy.py",
         "default = EPMeta(ep_size=sizes.ep, reads_partitions=inputs.zero3_flat_partitions)",
         "default = EPMeta(ep_size=sizes.ep)",
-        _in_tree("test_ep_under_zero3_loads_expert_shards_with_single_process_logits"),
+        in_tree("test_ep_under_zero3_loads_expert_shards_with_single_process_logits"),
         'assertEqual\\(len\\(result\\[\\"partitioned\\"\\]\\), result\\[\\"parameters\\"\\]\\)',
     ),
     Mutation(
@@ -359,7 +333,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "first = torch.distributed.get_rank(expert_parallel_group) * shape[0]",
         "first = 0",
-        _in_tree("test_ep_under_zero3_loads_expert_shards_with_single_process_logits"),
+        in_tree("test_ep_under_zero3_loads_expert_shards_with_single_process_logits"),
         "is not rank \\d's slice of the checkpoint",
     ),
     Mutation(
@@ -369,7 +343,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "                if is_expert:\n                    _join_deepspeed_expert_groups(local,",
         "                if False:\n                    _join_deepspeed_expert_groups(local,",
-        _in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
+        in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
         "'error' unexpectedly found in \\{'error': 'RuntimeError: You set `ignore_mismatched_sizes` to `False`",
     ),
     Mutation(
@@ -379,7 +353,7 @@ MUTATIONS = (
         "modeling_utils.py",
         "zero_init = zero3_init_for_partition_reads if reads_partitions else deepspeed.zero.Init",
         "zero_init = deepspeed.zero.Init",
-        _in_tree("test_dense_model_reads_partitions_equal_to_the_checkpoint"),
+        in_tree("test_dense_model_reads_partitions_equal_to_the_checkpoint"),
         'assertEqual\\(result\\[\\"broadcasts\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
     ),
     Mutation(
@@ -389,7 +363,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         "            zero3_init_for_partition_reads(\n                module=module,",
         '            __import__("deepspeed").zero.Init(\n                module=module,',
-        _in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
+        in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
         'assertEqual\\(result\\[\\"broadcasts\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
     ),
     Mutation(
@@ -399,7 +373,7 @@ MUTATIONS = (
         "integrations/deepspeed.py",
         '        kwargs["sync_module_states"] = False',
         "        pass",
-        _in_tree("test_a_model_whose_partitions_are_read_is_built_without_the_broadcast_where_deepspeed_offers_it"),
+        in_tree("test_a_model_whose_partitions_are_read_is_built_without_the_broadcast_where_deepspeed_offers_it"),
         'assertEqual\\(result\\[\\"broadcasts\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
     ),
     Mutation(
@@ -409,7 +383,7 @@ MUTATIONS = (
         "modeling_utils.py",
         "if not ignore_mismatched_sizes:\n                raise_if_checkpoint_misses_merged_tensors(",
         "if False:\n                raise_if_checkpoint_misses_merged_tensors(",
-        _fault("checkpoint missing expert 3's weights"),
+        fault("checkpoint missing expert 3's weights"),
         'expected an error with \\"ValueError: The checkpoint lacks .*got'
         " RuntimeError: You set `ignore_mismatched_sizes`",
     ),
