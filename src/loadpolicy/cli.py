@@ -11,15 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadpolicy import doctor
-from loadpolicy.bench import autoep as autoep_command
+from loadpolicy.autoep import run as autoep_command
 from loadpolicy.bench import run as bench_command
-from loadpolicy.bench import throughput as throughput_command
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.explain import explain
 from loadpolicy.launch_inputs import read_launch
 from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadPolicyError, parse_policy_name
 from loadpolicy.sizes import RawSizes
+from loadpolicy.throughput import run as throughput_command
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command

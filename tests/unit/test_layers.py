@@ -27,7 +27,9 @@ LAYERS = {
     "matrix": 4,
     "parity": 4,
     "faults": 4,
-    "bench": 5,  # AutoEP reuses parity's training loop and judges
+    "bench": 5,
+    "autoep": 5,  # reuses parity's training loop and judges
+    "throughput": 6,  # trains AutoEP as one of its ways
     "plan": 6,  # calibrated against the bench
     "validate": 7,
     "cli": 8,

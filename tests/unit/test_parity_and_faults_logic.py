@@ -289,7 +289,7 @@ def test_parity_fails_a_nan(change: Any, needle: str) -> None:
 
 
 def test_autoep_comparison_fails_a_nan_weight() -> None:
-    from loadpolicy.bench.autoep import Way, compare
+    from loadpolicy.autoep.run import Way, compare
 
     reference = {"losses": [4.0, 3.5], "initial": single()["weights"], "weights": single()["weights"]}
     ranks = []

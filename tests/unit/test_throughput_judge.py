@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.bench.results import ThroughputRank
-from loadpolicy.bench.throughput import Row, _row, _shape, dispatch_against_autoep, judge, render_markdown
+from loadpolicy.throughput.results import ThroughputRank
+from loadpolicy.throughput.run import Row, _row, _shape, dispatch_against_autoep, judge, render_markdown
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:

@@ -35,32 +35,3 @@ class LoadMeasurement(TypedDict):
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
     fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`bench.fingerprint`)
     value_problems: list[str]  # those that differ, or that the model and the reference do not share
-
-
-class StepTimes(TypedDict):
-    """Seconds of one training step on one rank (every rank starts it together)."""
-
-    forward: float
-    backward: float
-    optimizer: float
-    total: float
-
-
-class ThroughputRank(TypedDict):
-    """One rank of the training-throughput benchmark (`throughput_worker`)."""
-
-    rank: int
-    way: str
-    policy: str | None  # stock transformers has no `_load_policy`
-    tokens_per_step: int  # tokens of this rank's micro-batch
-    distinct_batches: int  # distinct micro-batches the world trains per step (ranks of a tp = ep group share one)
-    losses: list[float]  # every step, warm-up included
-    steps: list[StepTimes]  # the measured steps (after warm-up)
-    collectives: dict[str, float]  # seconds of one profiled step in each kind of collective
-    profile_top: dict[str, float]  # the operators of that step that took the most CPU time themselves, seconds
-    # the same per phase of that step ("forward", "backward", "optimizer"), each profiled on its own
-    profile_top_by_phase: dict[str, dict[str, float]]
-    profile_calls_by_phase: dict[str, dict[str, int]]  # how many times each of those operators ran
-    peak_training_bytes: int  # VmHWM over the training steps
-    threads: int
-    experts_kernel: str  # transformers' `experts_implementation` the model ran, or AutoEP's own layers

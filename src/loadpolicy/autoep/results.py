@@ -1,4 +1,4 @@
-"""What an AutoEP-comparison rank reports: the contract between `autoep_worker` (writes) and `autoep` (judges).
+"""What an AutoEP-comparison rank reports: the contract between `autoep.worker` (writes) and `autoep.run` (judges).
 
 Read back with `parity.results.parse`: a missing field is a failure naming it, never a pass.
 """

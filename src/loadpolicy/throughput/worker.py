@@ -1,6 +1,6 @@
 """One rank of the training-throughput benchmark: load one way, `deepspeed.initialize`, train, time every step.
 
-`python -m loadpolicy.bench.throughput_worker SPEC OUT` under torchrun. SPEC["way"] is how the MoE model is trained:
+`python -m loadpolicy.throughput.worker SPEC OUT` under torchrun. SPEC["way"] is how the MoE model is trained:
 
 - `dispatch`: EPMeta with token dispatch, `DistributedConfig(fsdp_size=W, ep_size=E)` (patched tree): every rank its
   own batch, tokens sent to their experts by all-to-all;
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.bench.autoep_worker import apply_output_capture_registry_shim
-from loadpolicy.bench.results import StepTimes, ThroughputRank
+from loadpolicy.autoep.worker import apply_output_capture_registry_shim
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
+from loadpolicy.throughput.results import StepTimes, ThroughputRank
 
 
 # Profiler event names of the collectives (c10d ops, and the waits of functional collectives, which transformers'

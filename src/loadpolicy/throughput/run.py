@@ -1,6 +1,6 @@
 """`loadpolicy throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
 
-Four ways on the same checkpoint, world and ep (`throughput_worker`): EPMeta with token dispatch, EPMeta as 5.23.0
+Four ways on the same checkpoint, world and ep (`throughput.worker`): EPMeta with token dispatch, EPMeta as 5.23.0
 spells EP (tp = ep, a shared batch per EP group), DeepSpeed AutoEP, and plain ZeRO-3 without EP. Per way: tokens/s per
 rank over the measured steps (distinct tokens the world trained, over the world and the step time of the slowest
 rank), where a step's time goes, seconds in each collective of one profiled step, and the peak RSS while training.
@@ -24,11 +24,11 @@ from typing import Literal
 
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
-from loadpolicy.bench.results import ThroughputRank
 from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
+from loadpolicy.throughput.results import ThroughputRank
 from loadpolicy.units import GIB
 
 
@@ -42,7 +42,7 @@ WAYS: dict[str, tuple[Tree, str | None]] = {
 }
 SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
 LOSS_BOUND = 1e-4
-WORKER = "loadpolicy.bench.throughput_worker"
+WORKER = "loadpolicy.throughput.worker"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ micro-batch, against one process trained on the concatenated global batch (`pari
   dp_replicate_size=2))` under an `HfDeepSpeedConfig`, then `deepspeed.initialize`;
 - AutoEP, stock tree: `from_pretrained` under an `HfDeepSpeedConfig` (ZeRO-3's `zero.Init`), then
   `deepspeed.initialize` with `"expert_parallel": {"enabled": true, "autoep_size": 2, ...}`, with a compatibility
-  shim for transformers 5.23.0's output-capture registry applied in the worker (`autoep_worker`).
+  shim for transformers 5.23.0's output-capture registry applied in the worker (`autoep.worker`).
 
 Per (architecture, way): `from_pretrained` and `deepspeed.initialize` wall time (slowest rank) and peak RSS of each
 rank during each, and parity: losses, weights right after `deepspeed.initialize`, and final weights (AutoEP's
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.bench.autoep_results import ReferenceRun, WayRank
+from loadpolicy.autoep.results import ReferenceRun, WayRank
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.rank import Contract
@@ -97,7 +97,7 @@ def _launch(
 ) -> list[Contract] | str:
     """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy bench`)."""
     evict_from_page_cache(Path(spec["checkpoint"]))
-    return launch_worker("loadpolicy.bench.autoep_worker", spec, tree, out, ranks, timeout, contract, ".pt")
+    return launch_worker("loadpolicy.autoep.worker", spec, tree, out, ranks, timeout, contract, ".pt")
 
 
 def _weights_rel(
@@ -344,8 +344,8 @@ def render_markdown(rows: list[Row], command: str, clip: float) -> str:
         "`mlp.gate.weight`; `mlp.experts.w1` (gate) and `w3` (up), `[E_local, ffn, hidden]` each -> "
         "`mlp.experts.gate_up_proj` = cat(w1, w3) along dim 1, `[E_local, 2 ffn, hidden]`; `mlp.experts.w2` -> "
         "`mlp.experts.down_proj`; rows `ep_rank * E_local` onwards of the full expert tensors "
-        "(`autoep_worker.to_hf_layout`).",
-        "- AutoEP needs a compatibility shim on transformers 5.23.0 (in `autoep_worker`, not in the patch series): "
+        "(`autoep.worker.to_hf_layout`).",
+        "- AutoEP needs a compatibility shim on transformers 5.23.0 (in `autoep.worker`, not in the patch series): "
         "its output-capture registry takes a model, AutoEP passes the string key with a default "
         "(`TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`); the shim lets a "
         "string key act as a plain dict key in `get` and `__setitem__`.",

@@ -1,6 +1,6 @@
 """One rank of `loadpolicy autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
 
-`python -m loadpolicy.bench.autoep_worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
+`python -m loadpolicy.autoep.worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
 
 - `single`: the reference, `parity_worker`'s single-process loop on the concatenated global batch, plus the
   weights as `from_pretrained` loads them (to check what each way holds before the first step);
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.bench.autoep_results import ReferenceRun, StageFigures, WayRank
+from loadpolicy.autoep.results import ReferenceRun, StageFigures, WayRank
 from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
