@@ -1,14 +1,8 @@
-"""Whether a benchmark load holds the checkpoint's values: fingerprints of every parameter, no gather.
+"""Whether a benchmark load holds the checkpoint's values: position-weighted sums per parameter, no gather.
 
-A fingerprint of a tensor is `sum(value[i] * w(i))` over its flattened elements `i` (float64), with a weight that
-depends on the element's position in the whole tensor, and the same sum of `|value[i]| * w(i)` to scale the bound.
-It adds up over any split of the elements: each rank sums the elements it holds (a ZeRO-3 partition, an expert
-shard's rows) at their positions in the whole tensor, the ranks' sums are all-reduced, and the total must equal the
-fingerprint of the whole tensor. A value in the wrong place (a neighbour's partition, rows of another expert, gate and
-up swapped) changes the weights it is summed with, so the fingerprint tells it apart, not only wrong values.
-
-The reference is the stock tree's one-process load of the same checkpoint (`python -m loadpolicy.bench.fingerprint`),
-computed once per checkpoint: the code under test never computes its own reference.
+Each rank sums the elements it holds at their places in the whole tensor; the sums add up over any split and tell
+misplaced values apart. The reference is the stock tree's one-process load (`python -m loadpolicy.bench.fingerprint`).
+How and why: docs/benchmark.md ("Every load's values are checked").
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def _applies(case: Case, model: BenchModel) -> bool:
     return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
 
 
-def reference_fingerprints(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
+def _reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
     path = out / "fingerprints.json"
     newest = max(f.stat().st_mtime for f in checkpoint.iterdir())
@@ -233,7 +233,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
         for model in models:
             path = build(model, out.resolve() / "checkpoints")
             params = parameter_count(path)
-            reference = reference_fingerprints(
+            reference = _reference_file(
                 path, model.model_class, trees[Tree.STOCK], out.resolve() / "fingerprints" / model.name, timeout
             )
             compared = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
