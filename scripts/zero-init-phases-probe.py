@@ -1,6 +1,6 @@
 """Probe (issue 18): where a partition-read load spends its time, and what zero.Init's build-time broadcast costs.
 
-Run on the patched tree (`loadpolicy checkout build/tf`), with the bench's checkpoints (`loadpolicy bench`):
+Run on the patched tree (`loadpolicy checkout build/tf`), with the bench's checkpoints (`loadpolicy dev bench`):
 
     MALLOC_MMAP_THRESHOLD_=1048576 PYTHONPATH=build/tf/src OMP_NUM_THREADS=1 \
         torchrun --nproc-per-node 4 docs/results/zero-init-phases-probe.py build/bench/checkpoints/moe-850m \

@@ -139,14 +139,27 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_explain(subparsers)
     _add_doctor(subparsers)
-    upstream_commands.add_parsers(subparsers)
-    validate_command.add_parser(subparsers)
-    bench_command.add_parser(subparsers)
-    autoep_command.add_parser(subparsers)
-    throughput_command.add_parser(subparsers)
-    mutants_command.add_parser(subparsers)
     plan_command.add_parser(subparsers)
+    upstream_commands.add_checkout_parser(subparsers)
+    dev = subparsers.add_parser(
+        "dev",
+        help="the maintainer's commands: the patch series, validation, benchmarks, mutation checks",
+        description="The maintainer's commands (docs/README.md says which doc covers each).",
+    ).add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
+    upstream_commands.add_series_parser(dev)
+    validate_command.add_parser(dev)
+    mutants_command.add_parser(dev)
+    bench_command.add_parser(dev)
+    autoep_command.add_parser(dev)
+    throughput_command.add_parser(dev)
     return parser
+
+
+def _command_words(args: argparse.Namespace) -> str:
+    """The command as typed, for error messages: `loadpolicy dev series lint`, `loadpolicy plan launch`."""
+    words = [args.command]
+    words += [w for w in (getattr(args, k, None) for k in ("dev_command", "series_command", "mode")) if w]
+    return " ".join(words)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,8 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(output)
         sys.stdout.flush()
     except (LoadPolicyError, CommandError) as exc:
-        action = getattr(args, "series_command", None) or getattr(args, "mode", None)
-        print(f"loadpolicy {args.command}{f' {action}' if action else ''}: error: {exc}", file=sys.stderr)
+        print(f"loadpolicy {_command_words(args)}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # `loadpolicy explain ... | head`: the reader left; say nothing, and keep Python from reporting it at exit

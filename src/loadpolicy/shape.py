@@ -104,6 +104,13 @@ class LaunchShape:
             case EPLayout.DEPRECATED_FLAG:
                 return {"enable_expert_parallel": True}
 
+    def expert_parallel_config(self) -> dict[str, int | bool]:
+        """`distributed_config()` of a shape that shards experts; a shape without EP is an error naming its layout."""
+        sizes = self.distributed_config()
+        if sizes is None or self.layout not in (EPLayout.TP_EQUALS_EP, EPLayout.TOKEN_DISPATCH):
+            raise ValueError(f"layout {self.layout} does not shard experts; accepted: tp = ep, token dispatch")
+        return sizes
+
     def parallel_sizes(self) -> ParallelSizes:
         """The sizes after transformers' normalisation of `distributed_config()`."""
         match self.layout:

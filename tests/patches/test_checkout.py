@@ -145,6 +145,7 @@ def test_the_fork_carries_the_module_generated_from_policy_py(patched: Path) -> 
     replaces it with the generated one, whose helpers only the fork's patches call."""
     carried = (patched / TRANSFORMERS_MODULE).read_text(encoding="utf-8")
     assert carried == render_transformers_module(SOURCE.read_text(encoding="utf-8")), (
-        "the fork's policy module drifted from src/loadpolicy/policy.py: run `loadpolicy series sync-policy TREE`, "
-        "amend the fork-only patch that carries it, and `loadpolicy series export TREE`"
+        "the fork's policy module drifted from src/loadpolicy/policy.py: run "
+        "`loadpolicy dev series sync-policy TREE`, amend the fork-only patch that carries it, and "
+        "`loadpolicy dev series export TREE`"
     )

@@ -2,7 +2,7 @@
 
 Stock 5.23.0 checks the device map before `get_hf_quantizer`; the series decides it with the load policy, which is
 known only after the quantizer, so it must check the map as passed in, not the one the quantizer filled in. The
-end-to-end load (bitsandbytes 8-bit under ZeRO-3 on both trees) is in `loadpolicy validate`'s matrix. Needs the
+end-to-end load (bitsandbytes 8-bit under ZeRO-3 on both trees) is in `loadpolicy dev validate`'s matrix. Needs the
 patched tree installed (tox -e patches).
 """
 

@@ -37,7 +37,7 @@ def _load_tree_tests(tree: Path) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The same stock and patched trees `loadpolicy validate` builds."""
+    """The same stock and patched trees `loadpolicy dev validate` builds."""
     built = prepare_trees(tmp_path_factory.mktemp("validate"), PATCHES, CACHE)
     return built[Tree.STOCK], built[Tree.PATCHED]
 

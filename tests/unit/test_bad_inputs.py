@@ -60,11 +60,11 @@ CASES: list[tuple[str, str]] = [
     ("plan launch --model Qwen3-30B-A3B --ranks 0", "expected an integer >= 1, got 0"),
     ("plan calibrate --bench missing-bench", "holds no bench.json"),
     ("checkout tf", "no patch series at 'patches'"),
-    ("series lint", "no patch series at 'patches'"),
-    ("series export not-a-checkout --patches patches-copy", "not a git checkout with the pristine tag"),
-    ("series export missing-dir --patches patches-copy", "'missing-dir' is not a directory"),
-    ("validate --timeout -5", "expected a number of seconds > 0, got -5"),
-    ("bench --repeats 0", "expected an integer >= 1, got 0"),
+    ("dev series lint", "no patch series at 'patches'"),
+    ("dev series export not-a-checkout --patches patches-copy", "not a git checkout with the pristine tag"),
+    ("dev series export missing-dir --patches patches-copy", "'missing-dir' is not a directory"),
+    ("dev validate --timeout -5", "expected a number of seconds > 0, got -5"),
+    ("dev bench --repeats 0", "expected an integer >= 1, got 0"),
 ]
 # Cases that need a missing package: (argv, the module hidden from it, expected text)
 WITHOUT: list[tuple[str, str, str]] = [
@@ -92,7 +92,8 @@ def _error(argv: str, capsys: pytest.CaptureFixture[str]) -> str:
     except SystemExit as exc:  # argparse refuses it before any handler runs
         code = int(exc.code or 0)
     captured = capsys.readouterr()
-    command = " ".join(argv.split()[:2] if argv.split()[0] in ("plan", "series") else argv.split()[:1])
+    words = argv.split()
+    command = " ".join(words[: 3 if words[:2] == ["dev", "series"] else 2 if words[0] in ("plan", "dev") else 1])
     assert code == 2, captured
     assert captured.out == ""
     assert "Traceback" not in captured.err
@@ -123,7 +124,7 @@ def test_series_export_into_a_bad_tree_leaves_the_patches_untouched(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = {p.name: p.read_bytes() for p in (workdir / "patches-copy").iterdir() if p.is_file()}
-    _error("series export not-a-checkout --patches patches-copy", capsys)
+    _error("dev series export not-a-checkout --patches patches-copy", capsys)
     after = {p.name: p.read_bytes() for p in (workdir / "patches-copy").iterdir() if p.is_file()}
     assert after == before
     assert [p.name for p in (workdir / "patches-copy").iterdir() if p.name.startswith(".export-")] == []

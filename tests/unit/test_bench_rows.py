@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from loadpolicy.bench.contract import LoadMeasurement
 from loadpolicy.bench.models import SMOKE
-from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.bench.run import CASES, _row
 
 

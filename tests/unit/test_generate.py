@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 
 from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.harness.rank import raised_at
-from loadpolicy.matrix.runner import ArchOutcome, RunOutcome
-from loadpolicy.matrix.scenarios import Run, Scenario
+from loadpolicy.matrix.cases import Run, Scenario
+from loadpolicy.matrix.run import ArchOutcome, RunOutcome
 from loadpolicy.tinymodels.generate import _declares_ep_plan
 from loadpolicy.tinymodels.shrink import shrink
 from loadpolicy.validate.architectures import COLUMNS, table_rows

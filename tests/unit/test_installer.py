@@ -36,7 +36,7 @@ def test_no_pip_anywhere_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_looking_for_pip_leaves_setuptools_importable() -> None:
-    """A first `loadpolicy validate` fetches the sdist with pip, then builds DeepSpeed's op (`import setuptools`).
+    """A first `loadpolicy dev validate` fetches the sdist with pip, then builds DeepSpeed's op (`import setuptools`).
 
     Looking pip up in-process disabled setuptools' distutils shim and that import failed its assertion.
     """

@@ -27,7 +27,7 @@ WORKER = textwrap.dedent(
             raise ValueError("no answer")
         return {"answer": 42} if spec["complete"] else {}
 
-    run_rank(body)
+    run_rank(body, dict)
     """
 )
 

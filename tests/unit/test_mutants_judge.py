@@ -1,4 +1,4 @@
-"""`loadpolicy mutants` counts a mutation caught only for the reason it names."""
+"""`loadpolicy dev mutants` counts a mutation caught only for the reason it names."""
 
 from __future__ import annotations
 

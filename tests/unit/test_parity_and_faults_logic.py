@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-from loadpolicy.faults.run import FAULT_CASES, FaultCase, _describe, _expectation_problems, _launcher_signal
+from loadpolicy.faults.cases import FAULT_CASES, FaultCase
+from loadpolicy.faults.run import _describe, _expectation_problems, _launcher_signal
 from loadpolicy.harness.launch import Tree
 from loadpolicy.harness.rank import RankFailure, parse, read_raw
-from loadpolicy.matrix.scenarios import STOCK_DEVICE_MAP_ERROR
+from loadpolicy.matrix.cases import STOCK_DEVICE_MAP_ERROR
+from loadpolicy.parity.cases import ParityCase, Trainer
+from loadpolicy.parity.contract import Reloaded, SingleRun, TrainedRank
 from loadpolicy.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
-from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
-from loadpolicy.parity.run import ParityCase, Trainer, _outcome, _stock_outcome
+from loadpolicy.parity.run import _outcome, _stock_outcome
 
 
 EXPERT = "model.layers.0.mlp.experts.down_proj"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -93,7 +93,7 @@ def test_a_rank_writes_its_result_with_its_facts(tmp_path: Path, monkeypatch: py
         rank.stage("training")
         return {"steps": spec["steps"], "world": rank.world_size}
 
-    run_rank(body, argv=_spec(tmp_path))
+    run_rank(body, dict, argv=_spec(tmp_path))
     assert json.loads((tmp_path / "rank1.json").read_text()) == {"steps": 2, "world": 2, "tree": "patched"}
     assert (tmp_path / "rank1.stage").read_text() == "done"
 
@@ -109,7 +109,7 @@ def test_a_failing_rank_says_where_and_why_then_exits_with_the_error(
         raise RuntimeError("no expert groups")
 
     with pytest.raises(RuntimeError, match="no expert groups"):
-        run_rank(body, argv=_spec(tmp_path))
+        run_rank(body, dict, argv=_spec(tmp_path))
     result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["error"] == "RuntimeError: no expert groups"
     assert result["stage"] == "deepspeed.initialize"
@@ -125,5 +125,26 @@ def test_without_exit_on_error_the_failure_is_recorded_and_the_rank_ends_cleanly
     def body(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("DeepSpeed Zero-3 is not compatible with passing a `device_map`")
 
-    run_rank(body, exit_on_error=False, argv=_spec(tmp_path))
+    run_rank(body, dict, exit_on_error=False, argv=_spec(tmp_path))
     assert "device_map" in json.loads((tmp_path / "rank0.json").read_text())["error"]
+
+
+class _StepsAndLr(TypedDict):
+    steps: int
+    lr: float
+
+
+def test_a_spec_lacking_a_key_of_its_contract_fails_the_rank_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    called = []
+
+    def body(rank: Rank, spec: _StepsAndLr) -> dict[str, Any]:
+        called.append(spec)
+        return {}
+
+    with pytest.raises(KeyError, match=r"lacks \['lr'\] \(a _StepsAndLr\)"):
+        run_rank(body, _StepsAndLr, argv=_spec(tmp_path))
+    assert not called
+    assert "lacks ['lr']" in json.loads((tmp_path / "rank0.json").read_text())["error"]

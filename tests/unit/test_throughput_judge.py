@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.throughput.results import ThroughputRank
-from loadpolicy.throughput.run import Row, _row, _shape, dispatch_against_autoep, judge, render_markdown
+from loadpolicy.throughput.cases import Way
+from loadpolicy.throughput.contract import ThroughputRank
+from loadpolicy.throughput.run import Row, _row, dispatch_against_autoep, judge, render_markdown
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:
@@ -42,7 +43,7 @@ def rows(**changes: Any) -> list[Row]:
         results = [rank(way, r, policy=policy, loss=5.0 + 0.01 * r, step=2.0, batches=batches) for r in range(2)]
         for r in results:
             r.update(changes.get(way, {}))  # type: ignore[typeddict-item]
-        made.append(_row(way, _shape(way, 2, 2), 2, 10.0, results))
+        made.append(_row(way, Way(way).shape(2, 2), 2, 10.0, results))
     return made
 
 
@@ -90,10 +91,10 @@ def test_rounds_compare_dispatch_with_the_autoep_run_of_the_same_round() -> None
     both = first + [replace(r, repeat=1) for r in second]
     # round 1: the same step time; round 2: dispatch takes twice the 4.0 s of that round's AutoEP (not of round 1's)
     assert dispatch_against_autoep(both) == {2: [pytest.approx(1.0), pytest.approx(0.5)]}
-    table = render_markdown(both, "loadpolicy throughput --repeats 2", "tiny", 64)
+    table = render_markdown(both, "loadpolicy dev throughput --repeats 2", "tiny", 64)
     assert "| round | way |" in table
     assert "1.00x, 0.50x (median 0.75x over 2 rounds)" in table
-    assert "| round |" not in render_markdown(first, "loadpolicy throughput", "tiny", 64)
+    assert "| round |" not in render_markdown(first, "loadpolicy dev throughput", "tiny", 64)
 
 
 def test_without_plain_zero3_the_same_data_ways_are_judged_against_each_other() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from loadpolicy.harness.launch import Launcher, Tree, accelerate_config
-from loadpolicy.matrix.runner import RunOutcome, _judge
-from loadpolicy.matrix.scenarios import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
+from loadpolicy.matrix.cases import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
+from loadpolicy.matrix.run import RunOutcome, _judge
 from loadpolicy.validate.report import is_unexpected, render_table, rows
 
 

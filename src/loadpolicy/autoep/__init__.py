@@ -1,1 +1,1 @@
-"""`loadpolicy autoep`: EP under ZeRO-3 beside DeepSpeed AutoEP, both against one process (a parity suite)."""
+"""`loadpolicy dev autoep`: EP under ZeRO-3 beside DeepSpeed AutoEP, both against one process (a parity suite)."""

@@ -1,25 +1,13 @@
-"""`loadpolicy autoep`: EP under ZeRO-3 through our EPMeta path against DeepSpeed AutoEP, same models, same shape.
+"""`loadpolicy dev autoep`: EP under ZeRO-3 through EPMeta against DeepSpeed AutoEP, same models, same shape.
 
-World = dp 2 x ep 2 on 4 CPU ranks (gloo, float32), the tiny qwen3_moe and mixtral checkpoints `loadpolicy validate`
-builds, torch AdamW (lr 1e-3, no weight decay) for 5 steps, each data-parallel replica (one EP group) on its own
-micro-batch, against one process trained on the concatenated global batch (`parity_worker`'s reference). Two ways:
-
-- EPMeta, patched tree: `from_pretrained(distributed_config=DistributedConfig(tp_size=2, ep_size=2,
-  dp_replicate_size=2))` under an `HfDeepSpeedConfig`, then `deepspeed.initialize`;
-- AutoEP, stock tree: `from_pretrained` under an `HfDeepSpeedConfig` (ZeRO-3's `zero.Init`), then
-  `deepspeed.initialize` with `"expert_parallel": {"enabled": true, "autoep_size": 2, ...}`, with a compatibility
-  shim for transformers 5.23.0's output-capture registry applied in the worker (`autoep.worker`).
-
-Per (architecture, way): `from_pretrained` and `deepspeed.initialize` wall time (slowest rank) and peak RSS of each
-rank during each, and parity: losses, weights right after `deepspeed.initialize`, and final weights (AutoEP's
-replaced MoE blocks mapped back to the HF layout; experts compared as each rank's rows). Writes OUT/autoep.md and
-OUT/autoep.json.
+Both ways train dp 2 x ep 2 on 4 CPU ranks against one process on the global batch; per way, the load and
+`deepspeed.initialize` (time, peak per rank) and parity (losses, initial and final weights). Writes OUT/autoep.md and
+OUT/autoep.json. The cases: `autoep.cases`; what is compared and why: docs/training.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import os
 import platform
@@ -28,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.autoep.results import ReferenceRun, WayRank
+from loadpolicy.autoep.cases import ARCHS, DP, MIB, STEPS, WORLD, Way, expert_parallel_section
+from loadpolicy.autoep.contract import AutoEPSpec, ReferenceRun, WayRank
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.rank import Contract
@@ -37,37 +26,6 @@ from loadpolicy.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relat
 from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 from loadpolicy.tinymodels.checkpoints import build_checkpoint
-
-
-ARCHS = ("qwen3_moe", "mixtral")
-WORLD, DP = 4, 2  # ep = WORLD // DP = 2
-STEPS = 5
-MIB = 1024**2
-
-
-def expert_parallel_section(arch: str) -> dict[str, Any]:
-    """AutoEP's config section (`module_inject/auto_ep_config.py`) for `arch` at ep 2."""
-    return {
-        "enabled": True,
-        "autoep_size": WORLD // DP,
-        "preset_model": arch,  # the presets are named like the HF model types they cover
-        # CPU: torch._grouped_mm's path applies the expert activation with a Triton kernel; the per-expert loop is
-        # the path that runs in plain PyTorch.
-        "use_grouped_mm": False,
-    }
-
-
-class Way(enum.StrEnum):
-    EPMETA = "epmeta"
-    AUTOEP = "autoep"
-
-    @property
-    def tree(self) -> Tree:
-        return Tree.PATCHED if self is Way.EPMETA else Tree.STOCK
-
-    @property
-    def label(self) -> str:
-        return "EPMeta (patched tree)" if self is Way.EPMETA else "AutoEP (stock tree + shim)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +51,9 @@ class Row:
 
 
 def _launch(
-    spec: dict[str, Any], tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]
+    spec: AutoEPSpec, tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]
 ) -> list[Contract] | str:
-    """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy bench`)."""
+    """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy dev bench`)."""
     evict_from_page_cache(Path(spec["checkpoint"]))
     return launch_worker("loadpolicy.autoep.worker", spec, tree, out, ranks, timeout, contract, ".pt")
 
@@ -192,7 +150,7 @@ def run_way(
     way: Way,
     single: ReferenceRun,
     trees: dict[Tree, Path],
-    spec: dict[str, Any],
+    spec: AutoEPSpec,
     out: Path,
     timeout: float,
 ) -> Row:
@@ -233,16 +191,20 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
     rows: list[Row] = []
     for arch in archs:
         build_checkpoint(arch, checkpoints)
-        spec = {
+        spec: AutoEPSpec = {
+            "mode": "single",
             "model_class": ARCHITECTURES[arch].model_class,
             "checkpoint": str(checkpoints / arch),
             "steps": STEPS,
             "lr": 1e-3,
             "optimizer": "adamw",
-            "distributed": LaunchShape.experts_over(WORLD, WORLD // DP, zero3=True).distributed_config(),
+            "distributed": LaunchShape.experts_over(WORLD, WORLD // DP, zero3=True).expert_parallel_config(),
             "clip": clip,
             "frozen": [],
             "checkpoint_dir": "",
+            "export_dir": "",
+            "save_steps": 0,
+            "resume_from": "",
         }
         # The reference runs on the stock tree (not the code under test), as in parity.
         directory = out / "runs" / arch
@@ -372,7 +334,7 @@ def _run(args: argparse.Namespace) -> str:
     archs = tuple(args.arch) if args.arch else ARCHS
     rows = autoep(args.out, args.patches, args.cache, archs=archs, clip=args.clip, timeout=args.timeout)
     command = (
-        "loadpolicy autoep"
+        "loadpolicy dev autoep"
         + "".join(f" --arch {a}" for a in args.arch or ())
         + (f" --clip {args.clip}" if args.clip else "")
     )

@@ -1,4 +1,4 @@
-"""One rank of `loadpolicy autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
+"""One rank of `loadpolicy dev autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
 
 `python -m loadpolicy.autoep.worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
 
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.autoep.results import ReferenceRun, StageFigures, WayRank
+from loadpolicy.autoep.contract import AutoEPSpec, ReferenceRun, StageFigures, WayRank
 from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
@@ -174,7 +174,7 @@ def to_hf_layout(
 # --- the three modes ------------------------------------------------------------------------------------------------
 
 
-def _single(spec: dict[str, Any], stage: Stage) -> ReferenceRun:
+def _single(spec: AutoEPSpec, stage: Stage) -> ReferenceRun:
     stage("from_pretrained")
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -183,7 +183,7 @@ def _single(spec: dict[str, Any], stage: Stage) -> ReferenceRun:
     return {"losses": trained["losses"], "weights": trained["weights"], "initial": initial}
 
 
-def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stage) -> list[float]:
+def _train(engine: Any, spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> list[float]:
     batches = [
         parity_worker.replica_batch(batch, spec, rank, world)
         for batch in parity_worker.fixed_batches(spec, spec["steps"])
@@ -191,7 +191,7 @@ def _train(engine: Any, spec: dict[str, Any], rank: int, world: int, stage: Stag
     return parity_worker.train_engine(engine, batches, stage)
 
 
-def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRank:
+def _epmeta(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
@@ -209,7 +209,9 @@ def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRan
         )
     stage("gather initial")
     initial = parity_worker.gathered_weights(engine.module)
-    ep_rank = rank % (world // parity_worker.replicas(spec))  # the mesh: dp_replicate outer, tp/ep inner
+    ep_rank = rank % (
+        world // parity_worker.replicas(spec["distributed"])
+    )  # the mesh: dp_replicate outer, tp/ep inner
     rows = {n: [ep_rank * initial[n].shape[0], (ep_rank + 1) * initial[n].shape[0]] for n in loaded["experts"]}
     losses = _train(engine, spec, rank, world, stage)
     stage("gather")
@@ -225,7 +227,7 @@ def _epmeta(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRan
     }
 
 
-def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRank:
+def _autoep(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
@@ -270,7 +272,7 @@ def _autoep(spec: dict[str, Any], rank: int, world: int, stage: Stage) -> WayRan
     }
 
 
-def _compare(rank: Rank, spec: dict[str, Any]) -> ReferenceRun | WayRank:
+def _compare(rank: Rank, spec: AutoEPSpec) -> ReferenceRun | WayRank:
     rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
     getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
     if spec["mode"] == "single":
@@ -290,4 +292,4 @@ def _compare(rank: Rank, spec: dict[str, Any]) -> ReferenceRun | WayRank:
 
 if __name__ == "__main__":
     # A failed rank exits non-zero: torchrun then stops the others rather than leaving them in a collective.
-    run_rank(_compare, ".pt")
+    run_rank(_compare, AutoEPSpec, ".pt")

@@ -1,1 +1,1 @@
-"""`loadpolicy bench`: time and peak memory per rank of `from_pretrained` for every policy, against the ideal."""
+"""`loadpolicy dev bench`: time and peak memory per rank of `from_pretrained` for every policy, against the ideal."""

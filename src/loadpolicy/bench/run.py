@@ -1,4 +1,4 @@
-"""`loadpolicy bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
+"""`loadpolicy dev bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
 
 Each launch starts from a cold page cache for the checkpoint (its pages are evicted with `posix_fadvise`), runs
 torchrun on the patched tree (Zero3Init on the stock tree: the patched tree's loads add store exchanges), and every
@@ -27,95 +27,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.cases import CASES, Case
+from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
-from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker, run_bounded, tree_env
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.policy import LoadingBranch, PolicyName
-from loadpolicy.shape import EPLayout, LaunchShape
 from loadpolicy.units import GIB
 
 
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1024**2)}
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """One way of loading: which policy the ranks must report, and the inputs that select it."""
-
-    label: str
-    policy: PolicyName
-    zero3: bool
-    layout: EPLayout = EPLayout.NONE
-    requested: PolicyName | None = None
-    moe_only: bool = False
-    dense_only: bool = False
-    # stock 5.23.0 for what stock does: the patched tree's loads add store exchanges (agreement, fail-together)
-    tree: Tree = Tree.PATCHED
-    # the loader every rank must report, where the policy has more than one
-    branch: LoadingBranch | None = None
-
-    def shape(self, ranks: int) -> LaunchShape:
-        """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
-        stock = self.tree is Tree.STOCK  # stock transformers gathers and copies
-        return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested, flat_partitions=not stock)
-
-    def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
-        """What makes a launch not this case: another policy, another tree, values that are not the checkpoint's, or
-        (stock) parameters not partitioned."""
-        expected = self.policy if self.tree is Tree.PATCHED else None  # stock has no `_load_policy`
-        problems = [
-            f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
-        ]
-        src = tree.resolve() / "src"
-        problems += [
-            f"rank {r['rank']} imported transformers from {r['transformers_file']}, not from {src}"
-            for r in results
-            if not Path(r["transformers_file"]).is_relative_to(src)
-        ]
-        if self.branch is not None:
-            problems += [
-                f"rank {r['rank']} loaded through {r['loading_branch']}, expected {self.branch.value}"
-                for r in results
-                if r["loading_branch"] != self.branch.value
-            ]
-        # the values: every rank's parameters add up to the checkpoint's (no rank compared nothing)
-        problems += [
-            f"rank {r['rank']}: {r['fingerprinted']} of {expected_parameters} parameters compared with the checkpoint"
-            for r in results
-            if r["fingerprinted"] != expected_parameters
-        ]
-        problems += [
-            f"rank {r['rank']}: values differ from the checkpoint: {'; '.join(r['value_problems'][:3])}"
-            for r in results
-            if r["value_problems"]
-        ]
-        if self.policy is PolicyName.ZERO3_INIT:
-            problems += [
-                f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
-                for r in results
-                if r["unpartitioned"]
-            ]
-        return problems
-
-
-_MSOR, _EP = PolicyName.META_SHARD_ON_READ, EPLayout.TP_EQUALS_EP
-CASES = (
-    Case("Zero3Init (stock)", PolicyName.ZERO3_INIT, zero3=True, tree=Tree.STOCK),
-    Case("Zero3Init: partition reads", PolicyName.ZERO3_INIT, zero3=True, branch=LoadingBranch.ZERO3_READ_PARTITIONS),
-    Case("MetaShardOnRead: plain EP", _MSOR, zero3=False, layout=_EP, moe_only=True),
-    Case("MetaShardOnRead: dense ZeRO-3", _MSOR, zero3=True, requested=_MSOR, dense_only=True),
-    Case(
-        "EPMeta: partition reads",
-        PolicyName.EP_META,
-        zero3=True,
-        layout=_EP,
-        moe_only=True,
-        branch=LoadingBranch.ZERO3_READ_PARTITIONS,
-    ),
-)
 
 
 def _applies(case: Case, model: BenchModel) -> bool:
@@ -137,7 +59,7 @@ def _reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, 
     return path
 
 
-def _launch(spec: dict[str, Any], ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
+def _launch(spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
     return launch_worker("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, LoadMeasurement, env=FIXED_MALLOC)
@@ -240,7 +162,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
             for case in (c for c in CASES if _applies(c, model)):
                 runs, error = [], None
                 for repeat in range(repeats):
-                    spec = {
+                    spec: BenchSpec = {
                         "policy": case.policy,
                         "zero3": case.zero3,
                         "distributed": case.shape(ranks).distributed_config(),

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.bench.fingerprint import check_loaded
-from loadpolicy.bench.results import LoadMeasurement
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -30,7 +30,7 @@ def _local(param: Any) -> Any:
     return param.to_local() if hasattr(param, "to_local") else param.data
 
 
-def _load(spec: dict[str, Any], model_class: Any) -> Any:
+def _load(spec: BenchSpec, model_class: Any) -> Any:
     import torch  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
@@ -90,7 +90,7 @@ def _zero3_config(world: int) -> dict[str, Any]:
     }
 
 
-def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
+def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
@@ -153,4 +153,4 @@ def _measure_load(this: Rank, spec: dict[str, Any]) -> LoadMeasurement:
 
 
 if __name__ == "__main__":
-    run_rank(_measure_load)
+    run_rank(_measure_load, BenchSpec)

@@ -8,112 +8,21 @@ of `from_pretrained` to it; the launcher is bounded, and after it exits no proce
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.harness.launch import Launcher, launch_command, stages, tree_env
-from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy.faults.cases import FaultCase
+from loadpolicy.faults.contract import FaultSpec
+from loadpolicy.harness.launch import launch
+from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
 MAX_SECONDS_TO_ERROR = 30.0
 LAUNCH_BOUND = 120.0  # imports and process start-up included
-
-
-@dataclass(frozen=True, slots=True)
-class FaultCase:
-    name: str
-    checkpoint: str = "qwen3_moe"  # a variant from `build_fault_checkpoints`
-    layout: EPLayout = EPLayout.TP_EQUALS_EP  # how the DistributedConfig spells EP, over every rank
-    # the DeepSpeed ZeRO-3 config exists "before" or only "after" from_pretrained, or on "rank 0 only"
-    zero3: str = "before"
-    process_group: bool = False  # initialized before from_pretrained, as deepspeed.init_distributed() would
-    then_collective: bool = False  # the script's next collective after loading (a barrier)
-    device_map: str | None = None
-    bad_rank: str | None = None  # "1" or "last": the one rank whose view differs (checkpoint or kill)
-    killed: bool = False  # the bad rank is SIGKILLed while loading
-    # What every rank must raise (a substring), or for the bad rank and the others when they differ
-    error: str | None = None
-    bad_rank_error: str | None = None
-    warning: str | None = None  # expected on every rank when the case only warns (error None)
-    # Only rank 0 raises `error`: the others loaded without ZeRO-3 (no error of their own) and must only end, by an
-    # error in their next collective once rank 0 has failed, or stopped by torchrun
-    others_end: bool = False
-    # environment of the launch: a short bound on waiting for peers turns a rank left waiting into an error that
-    # names the ranks it waited for, within the launch's bound
-    env: tuple[tuple[str, str], ...] = ()
-
-
-def _cases() -> tuple[FaultCase, ...]:
-    return (
-        FaultCase(
-            "ZeRO-3 with fsdp_size > 1",
-            layout=EPLayout.FSDP_WITHOUT_EP,
-            error="cannot be combined with FSDP2 data parallelism (fsdp_size=",
-        ),
-        FaultCase(
-            "num_experts (5) not divisible by ep_size",
-            checkpoint="five_experts",
-            error="Cannot evenly shard 5 experts",
-        ),
-        FaultCase(
-            "enable_expert_parallel=True alone",
-            layout=EPLayout.DEPRECATED_FLAG,
-            warning="resolves to ep_size=1: the experts are not sharded",
-        ),
-        FaultCase("user device_map='auto' with EP", device_map="auto", error="`device_map` are mutually exclusive"),
-        FaultCase(
-            "EP + ZeRO-3 + quantized model (BitNet)",
-            checkpoint="quantized",
-            error="Expert parallelism (ep_size=",
-        ),
-        FaultCase(
-            "truncated safetensors, one rank's view",
-            bad_rank="1",
-            # partition reads check the file's size against its header before reading a range
-            error="`from_pretrained` failed on rank(s) [1]: rank 1: OSError",
-            bad_rank_error="model.safetensors is truncated: its header describes",
-        ),
-        FaultCase("truncated safetensors, every rank", checkpoint="truncated", error="model.safetensors is truncated"),
-        FaultCase(
-            "checkpoint missing expert 3's weights",
-            checkpoint="missing_expert",
-            # Partition reads check the whole merged tensor on every rank: every rank names the missing tensors (not
-            # the merged tensor's size mismatch), not only the one that owns expert 3
-            error="ValueError: The checkpoint lacks 3 tensor(s) that ['model.layers.0.mlp.experts.down_proj', 'model"
-            ".layers.0.mlp.experts.gate_up_proj'] are built from: model.layers.0.mlp.experts.3.down_proj.weight, model"
-            ".layers.0.mlp.experts.3.gate_proj",
-        ),
-        FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
-        *(
-            FaultCase(
-                f"plain load, ZeRO-3 config on rank 0 only, {where}",
-                layout=EPLayout.NONE,
-                zero3="rank 0 only",
-                process_group=process_group,
-                then_collective=True,
-                error="Ranks disagree on how to load (zero3_enabled: rank 0=True, ",
-                others_end=True,
-                env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "30"),),
-            )
-            for where, process_group in (("process group up", True), ("no process group yet", False))
-        ),
-        FaultCase(
-            "ZeRO-3 config created after from_pretrained (Trainer)",
-            zero3="after",
-            error="before the DeepSpeed ZeRO-3 config existed",
-        ),
-    )
-
-
-FAULT_CASES = _cases()
 
 
 def build_fault_checkpoints(checkpoints: Path) -> dict[str, Path]:
@@ -176,7 +85,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
     views = {"*": str(variants[case.checkpoint])}
     if bad is not None and case.checkpoint == "qwen3_moe" and not case.killed:
         views[str(bad)] = str(variants["truncated"])
-    spec = {
+    spec: FaultSpec = {
         "model_class": ARCHITECTURES["qwen3_moe"].model_class,
         "checkpoints": views,
         "distributed": LaunchShape(ranks, case.zero3 == "before", case.layout).distributed_config(),
@@ -188,31 +97,13 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "then_collective": case.then_collective,
         "others_end": case.others_end,
     }
-    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.faults.worker", str(out / "spec.json"), str(out)]
-    command = launch_command(Launcher.TORCHRUN, ranks, worker, out)
-    start = time.monotonic()
-    with (
-        (out / "launcher.log").open("w", encoding="utf-8") as log,
-        subprocess.Popen(
-            command, env=tree_env(tree) | dict(case.env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        ) as proc,
-    ):
-        try:
-            proc.wait(timeout=LAUNCH_BOUND)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        wall = time.monotonic() - start
-        left_running = _session_alive(proc.pid)
-        if left_running or timed_out:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    launched = launch("loadpolicy.faults.worker", spec, tree, out, ranks, LAUNCH_BOUND, env=dict(case.env))
+    timed_out, left_running, wall = launched.timed_out, launched.left_running, launched.seconds
     results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
     per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
     # The ranks that must raise the error (the others of an `others_end` case end only once rank 0 has exited)
     seconds = [r["seconds"] for rank, r in enumerate(results) if r is not None and not (case.others_end and rank)]
-    problems = [f"timed out after {LAUNCH_BOUND:.0f}s; {stages(out, ranks)}"] if timed_out else []
+    problems = [launched.timeout_message()] if timed_out else []
     problems += ["processes of the launch were still running after it exited"] if left_running else []
     problems += _expectation_problems(case, bad, results, out)
     if case.error is not None and seconds and not (max(seconds) <= MAX_SECONDS_TO_ERROR):
@@ -221,14 +112,6 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
     return FaultOutcome(
         case.name, ranks, not problems, per_rank, max(seconds) if seconds else None, wall, left_running, detail
     )
-
-
-def _session_alive(session: int) -> bool:
-    try:
-        os.killpg(session, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.faults.contract import FaultSpec
 from loadpolicy.harness.rank import Rank
 
 
@@ -29,7 +30,7 @@ def _kill_this_rank_while_loading() -> None:
     modeling_utils.PreTrainedModel._load_pretrained_model = staticmethod(killed)
 
 
-def _load(spec: dict[str, Any], rank: int, world: int) -> None:
+def _load(spec: FaultSpec, rank: int, world: int, out: str) -> None:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
@@ -56,7 +57,7 @@ def _load(spec: dict[str, Any], rank: int, world: int) -> None:
         torch.distributed.barrier()
     if spec["zero3"] == "after":
         # The DeepSpeed config appears only now, with the TrainingArguments, as when they are built after loading.
-        args = transformers.TrainingArguments(spec["out"], deepspeed=zero3, use_cpu=True, report_to="none")
+        args = transformers.TrainingArguments(out, deepspeed=zero3, use_cpu=True, report_to="none")
         transformers.Trainer(model=model, args=args)
 
 
@@ -65,14 +66,14 @@ def main(spec_path: str, out_dir: str) -> None:
     out = Path(out_dir)
     this = Rank(out)
     rank, world = this.rank, this.world_size
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8")) | {"out": out_dir}
+    spec: FaultSpec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     this.stage("from_pretrained")
     start = time.monotonic()
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            _load(spec, rank, world)
+            _load(spec, rank, world, out_dir)
         except Exception as exc:  # the outcome under test
             error = f"{type(exc).__name__}: {exc}"
     result = {

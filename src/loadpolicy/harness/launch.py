@@ -10,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import loadpolicy
 from loadpolicy.errors import CommandError, positive_seconds
@@ -105,17 +107,35 @@ def tree_env(tree: Path) -> dict[str, str]:
 
 
 def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
-    """Run `command` in its own session; on timeout kill the whole group (launcher and ranks) and return None."""
+    """Run one bounded process (a generator, a reference): its exit code, or None when it was killed at the bound."""
+    code, _ = _run_in_session(command, env, log, timeout)
+    return code
+
+
+def _run_in_session(command: list[str], env: dict[str, str], log: Path, timeout: float) -> tuple[int | None, bool]:
+    """Run `command` in its own session; on timeout kill the whole group (launcher and ranks). Returns the exit code
+    (None on timeout) and whether processes of the session outlived the launcher (killed since)."""
     with (
         log.open("w", encoding="utf-8") as handle,
         subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True) as proc,
     ):
         try:
-            return proc.wait(timeout=timeout)
+            code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            code = None
+        left_running = code is not None and _session_alive(proc.pid)
+        if code is None or left_running:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return None
+        return code, left_running
+
+
+def _session_alive(session: int) -> bool:
+    try:
+        os.killpg(session, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def stages(out: Path, ranks: int) -> str:
@@ -128,28 +148,72 @@ def stages(out: Path, ranks: int) -> str:
     return ", ".join(where)
 
 
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """How a launch ended: its exit code (None when killed at the bound), its wall time, whether processes of it
+    outlived the launcher, and where each rank was (its stage file)."""
+
+    out: Path
+    ranks: int
+    timeout: float
+    returncode: int | None
+    seconds: float
+    left_running: bool
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    def where(self) -> str:
+        return stages(self.out, self.ranks)
+
+    def timeout_message(self) -> str:
+        return f"timed out after {self.timeout:.0f}s; {self.where()}"
+
+
+def launch(
+    module: str,
+    spec: Mapping[str, object],
+    tree: Path,
+    out: Path,
+    ranks: int,
+    timeout: float,
+    *,
+    launcher: Launcher | None = Launcher.TORCHRUN,
+    env: Mapping[str, str] | None = None,
+) -> Launched:
+    """The one way every suite starts its ranks: write OUT/spec.json, clear the results of an earlier launch, run
+    `python -m module SPEC OUT` on `ranks` processes with `launcher` (one plain process when None) on `tree`, bounded
+    by `timeout` in its own session. `env` adds to the tree's environment."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("rank*.*"):
+        stale.unlink()
+    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    worker = ["-m", module, str(out / "spec.json"), str(out)]
+    command = [sys.executable, *worker] if launcher is None else launch_command(launcher, ranks, worker, out)
+    start = time.monotonic()
+    code, left_running = _run_in_session(command, tree_env(tree) | dict(env or {}), out / "launcher.log", timeout)
+    return Launched(out, ranks, timeout, code, time.monotonic() - start, left_running)
+
+
 def launch_worker(
     module: str,
-    spec: dict[str, Any],
+    spec: Mapping[str, object],
     tree: Path,
     out: Path,
     ranks: int,
     timeout: float,
     contract: type[Contract],
     suffix: str = ".json",
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[Contract] | str:
-    """Run `python -m module SPEC OUT` on `ranks` processes (torchrun; one process without a launcher), bounded, on
-    `tree`; every rank's result as `contract`, or why the launch did not give them: a rank that imported another
-    transformers, a timeout, or the first rank that failed (where and why) with where every rank was. `env` adds to
-    the tree's environment."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("rank*.*"):
-        stale.unlink()
-    (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    worker = ["-m", module, str(out / "spec.json"), str(out)]
-    command = launch_command(Launcher.TORCHRUN, ranks, worker, out) if ranks > 1 else [sys.executable, *worker]
-    code = run_bounded(command, tree_env(tree) | (env or {}), out / "launcher.log", timeout)
+    """`launch` under torchrun (one process without a launcher), then every rank's result as `contract`, or why the
+    launch did not give them: a rank that imported another transformers, a timeout, or the first rank that failed
+    (where and why) with where every rank was."""
+    launched = launch(
+        module, spec, tree, out, ranks, timeout, launcher=Launcher.TORCHRUN if ranks > 1 else None, env=env
+    )
+    code = launched.returncode
     raws = [read_raw(out / f"rank{rank}{suffix}") for rank in range(ranks)]
     src = tree.resolve() / "src"
     elsewhere = [

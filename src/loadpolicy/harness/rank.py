@@ -1,10 +1,10 @@
 """The one protocol every worker speaks: `python -m <worker> SPEC OUT` on each rank, a stage file, a result file.
 
-A worker reads its JSON spec, says where it is with `rank.stage(...)` (OUT/rank<R>.stage, read when a launch times
-out), and writes one result per rank: OUT/rank<R>.json, or OUT/rank<R>.pt for results that hold tensors. A rank that
-fails writes its error, the stage it was in and the traceback's tail before it exits with the error, so the runner can
-say which rank failed, where, and why. The reading side parses a result back as its feature's contract (a TypedDict
-in the feature's `results` module) with `parse`.
+A worker reads its JSON spec (a TypedDict of the suite's `contract` module, checked for its keys), says where it is
+with `rank.stage(...)` (OUT/rank<R>.stage, read when a launch times out), and writes one result per rank:
+OUT/rank<R>.json, or OUT/rank<R>.pt for results that hold tensors. A rank that fails writes its error, the stage it
+was in and the traceback's tail before it exits with the error, so the runner can say which rank failed, where, and
+why. The reading side parses a result back as its suite's contract with `parse`.
 """
 
 from __future__ import annotations
@@ -57,12 +57,20 @@ class Rank:
         }
 
 
-# a result is a plain dict or a TypedDict (the contract of the feature's `results` module)
-Body = Callable[[Rank, dict[str, Any]], Mapping[str, Any]]
+# a spec and a result are TypedDicts (the contract of the suite's `contract` module)
+Spec = TypeVar("Spec", bound=Mapping[str, Any])
 
 
-def run_rank(body: Body, suffix: str = ".json", *, exit_on_error: bool = True, argv: list[str] | None = None) -> None:
-    """Run `body(rank, spec)` as this rank and write its result; on an error, write the failure.
+def run_rank(
+    body: Callable[[Rank, Spec], Mapping[str, Any]],
+    spec_type: type[Spec],
+    suffix: str = ".json",
+    *,
+    exit_on_error: bool = True,
+    argv: list[str] | None = None,
+) -> None:
+    """Run `body(rank, spec)` as this rank and write its result; on an error, write the failure. A spec lacking a key
+    of `spec_type` is such an error, naming the keys.
 
     With `exit_on_error` the error is re-raised after it is written: the rank exits non-zero and the launcher stops
     the others rather than leaving them waiting in a collective. Without it the rank exits cleanly, for runs whose
@@ -70,9 +78,13 @@ def run_rank(body: Body, suffix: str = ".json", *, exit_on_error: bool = True, a
     """
     spec_path, out_dir = (sys.argv[1:] if argv is None else argv)[:2]
     rank = Rank(Path(out_dir))
-    spec: dict[str, Any] = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    raw: dict[str, Any] = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     try:
         rank.stage("start")
+        missing = sorted(getattr(spec_type, "__required_keys__", frozenset()) - raw.keys())
+        if missing:
+            raise KeyError(f"{spec_path} lacks {missing} (a {spec_type.__name__})")
+        spec: Spec = raw  # type: ignore[assignment]  # checked against the spec's required keys just above
         result = body(rank, spec)
     except Exception as exc:
         rank.write(rank.failure(exc), suffix)

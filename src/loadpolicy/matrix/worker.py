@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.harness.rank import Rank, run_rank
-from loadpolicy.matrix.results import ExpertSlice, LoadCheck
+from loadpolicy.matrix.contract import ExpertSlice, LoadCheck, MatrixCase, MatrixSpec
 from loadpolicy.tinymodels.reference import input_ids, load_reference, model_output
 
 
@@ -33,7 +33,7 @@ def _equal(tensor: Any, reference: Any) -> bool:
     return reference is not None and tensor.shape == reference.shape and bool(torch.equal(tensor.cpu(), reference))
 
 
-def _quantization(spec: dict[str, Any]) -> dict[str, Any]:
+def _quantization(spec: MatrixSpec) -> dict[str, Any]:
     """from_pretrained's quantization argument, for the reference load and the distributed one alike."""
     if not spec["bnb_8bit"]:
         return {}
@@ -42,7 +42,7 @@ def _quantization(spec: dict[str, Any]) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
 
 
-def _enable_zero3(spec: dict[str, Any]) -> Any:
+def _enable_zero3(spec: MatrixSpec) -> Any:
     """Make `is_deepspeed_zero3_enabled()` true the way this launcher's users do."""
     if spec["launcher"] == "accelerate":
         from accelerate import Accelerator
@@ -55,7 +55,7 @@ def _enable_zero3(spec: dict[str, Any]) -> Any:
     return HfDeepSpeedConfig(spec["zero3_config"])
 
 
-def _check(rank: Rank, spec: dict[str, Any], case: dict[str, Any], reference: dict[str, Any], ids: Any) -> LoadCheck:
+def _check(rank: Rank, spec: MatrixSpec, case: MatrixCase, reference: dict[str, Any], ids: Any) -> LoadCheck:
     import torch
     import transformers
     from transformers import DistributedConfig
@@ -122,7 +122,7 @@ def _compare_expert_shards(
     return experts, dense_unequal
 
 
-def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
+def _load_every_case(rank: Rank, spec: MatrixSpec) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -149,4 +149,4 @@ def _load_every_case(rank: Rank, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_rank(_load_every_case)
+    run_rank(_load_every_case, MatrixSpec)

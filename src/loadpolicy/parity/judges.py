@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadpolicy.harness.rank import RankFailure
-from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
+from loadpolicy.parity.contract import Reloaded, SingleRun, TrainedRank
 
 
 MAX_RELATIVE_DIFF = 1e-5

@@ -8,24 +8,16 @@ and on the stock tree, where it must fail (the report shows how).
 
 from __future__ import annotations
 
-import enum
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.harness.launch import (
-    STOCK_DEVICE_MAP_ERROR,
-    Launcher,
-    Tree,
-    launch_command,
-    run_bounded,
-    stages,
-    tree_env,
-)
+from loadpolicy.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree, launch
 from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
+from loadpolicy.parity.cases import ParityCase
+from loadpolicy.parity.contract import ParitySpec, Reloaded, SingleRun, TrainedRank
 from loadpolicy.parity.judges import (
     FROZEN,
     MAX_RELATIVE_DIFF,
@@ -35,70 +27,10 @@ from loadpolicy.parity.judges import (
     compare_resumed,
     compare_training,
 )
-from loadpolicy.parity.results import Reloaded, SingleRun, TrainedRank
-from loadpolicy.shape import LaunchShape
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
 
-class Trainer(enum.StrEnum):
-    """What trains the model after `from_pretrained`."""
-
-    DEEPSPEED = "deepspeed"  # deepspeed.initialize under torchrun
-    ACCELERATE = "accelerate"  # Accelerator().prepare under accelerate launch
-    HF_TRAINER = "trainer"  # transformers.Trainer(deepspeed=...) under torchrun
-
-    @property
-    def steps(self) -> int:
-        return 5 if self is Trainer.DEEPSPEED else 3
-
-    @property
-    def launcher(self) -> Launcher:
-        return Launcher.ACCELERATE if self is Trainer.ACCELERATE else Launcher.TORCHRUN
-
-
-@dataclass(frozen=True, slots=True)
-class ParityCase:
-    arch: str
-    ranks: int
-    trainer: Trainer
-    clip: float = 1.0
-    checkpoint: bool = False  # save_checkpoint and reload, with FROZEN parameters frozen
-    tree: Tree = Tree.PATCHED
-    # "adamw" (what users train with) or "sgd": Adam is nearly invariant to a gradient's scale, SGD is not, so only
-    # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
-    optimizer: str = "adamw"
-    dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
-    # DistributedConfig(fsdp_size=ranks, ep_size=ranks // dp): every rank its own micro-batch, tokens sent to their
-    # experts by all-to-all (without it, tp_size = ep_size and the ranks of an EP group share a micro-batch)
-    dispatch: bool = False
-    # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
-    export: bool = False
-    # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
-    resume: bool = False
-
-    @property
-    def steps(self) -> int:
-        return 2 * RESUME_AFTER if self.resume else self.trainer.steps
-
-    @property
-    def shape(self) -> LaunchShape:
-        """EP under ZeRO-3: `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`, or with token
-        dispatch `DistributedConfig(fsdp_size=ranks, ep_size=ep)`."""
-        if self.dispatch:
-            return LaunchShape.dispatching(self.ranks, self.ranks // self.dp, zero3=True)
-        return LaunchShape.experts_over(self.ranks, self.ranks // self.dp, zero3=True)
-
-    @property
-    def label(self) -> str:
-        extra = " | frozen + save/reload" if self.checkpoint else ""
-        extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
-        extra += " | token dispatch (every rank its own batch)" if self.dispatch else ""
-        extra += " | save_pretrained -> reload" if self.export else ""
-        extra += " | resume after 2 of 4 steps" if self.resume else ""
-        return (
-            f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
-            f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
-        )
+WORKER = "loadpolicy.parity.worker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +41,6 @@ class ParityOutcome:
     detail: str
     max_loss_rel: float | None = None
     max_weight_rel: float | None = None
-
-
-def _launch(spec: dict[str, Any], tree: Path, out: Path, command: list[str], ranks: int, timeout: float) -> str | None:
-    if run_bounded(command, tree_env(tree), out / "launcher.log", timeout) is None:
-        return f"timed out after {timeout:.0f}s; {stages(out, ranks)}"
-    return None
 
 
 def run_parity(
@@ -167,14 +93,15 @@ def run_parity(
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
 
 
-def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> dict[str, Any]:
+def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
     return {
+        "mode": str(case.trainer),
         "model_class": ARCHITECTURES[case.arch].model_class,
         "checkpoint": str(checkpoints / case.arch),
         "steps": case.steps,
         "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
         "optimizer": case.optimizer,
-        "distributed": case.shape.distributed_config(),
+        "distributed": case.shape.expert_parallel_config(),
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
@@ -185,11 +112,11 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> dict[str, An
 
 
 # What a spec holds only for the distributed run: the one-process reference trains the same without them.
-_CASE_ONLY = ("checkpoint_dir", "export_dir", "save_steps", "resume_from")
+_CASE_ONLY = ("mode", "checkpoint_dir", "export_dir", "save_steps", "resume_from")
 
 
 def _reference(
-    spec: dict[str, Any], stock: Path, directory: Path, timeout: float, references: dict[str, Path]
+    spec: ParitySpec, stock: Path, directory: Path, timeout: float, references: dict[str, Path]
 ) -> tuple[Path, str | None]:
     """The single-process reference on the stock tree (not the code under test): its directory, and why it did not
     complete. A reference already run for the same training (model, steps, optimizer, clipping, frozen parameters,
@@ -197,33 +124,28 @@ def _reference(
     key = json.dumps({k: v for k, v in spec.items() if k not in _CASE_ONLY}, sort_keys=True)
     if key in references:
         return references[key], None
-    error = _run_mode(spec, "single", 1, Launcher.TORCHRUN, stock, directory, timeout)
+    error = _run_mode(spec, "single", 1, None, stock, directory, timeout)
     if error is None:
         references[key] = directory
     return directory, error
 
 
-def _run_case(case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, timeout: float) -> str | None:
+def _run_case(case: ParityCase, spec: ParitySpec, tree: Path, out: Path, timeout: float) -> str | None:
     directory = out / str(case.trainer)
     return _run_mode(spec, str(case.trainer), case.ranks, case.trainer.launcher, tree, directory, timeout)
 
 
 def _run_mode(
-    spec: dict[str, Any], mode: str, ranks: int, launcher: Launcher, tree: Path, directory: Path, timeout: float
+    spec: ParitySpec, mode: str, ranks: int, launcher: Launcher | None, tree: Path, out: Path, timeout: float
 ) -> str | None:
-    """One launch of the parity worker in `mode` (one process without a launcher for the reference)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "spec.json").write_text(json.dumps(spec | {"mode": mode}), encoding="utf-8")
-    worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
-    command = [sys.executable, *worker] if mode == "single" else launch_command(launcher, ranks, worker, directory)
-    if (error := _launch(spec, tree, directory, command, ranks, timeout)) is not None:
-        return f"{mode}: {error}"
-    return None
+    """One launch of the parity worker in `mode`; why it did not complete, if it timed out."""
+    launched = launch(WORKER, spec | {"mode": mode}, tree, out, ranks, timeout, launcher=launcher)
+    return f"{mode}: {launched.timeout_message()}" if launched.timed_out else None
 
 
 def _after_training_problems(
     case: ParityCase,
-    spec: dict[str, Any],
+    spec: ParitySpec,
     trees: dict[Tree, Path],
     out: Path,
     single: SingleRun,
@@ -266,15 +188,12 @@ def _stock_outcome(case: ParityCase, start: float, results: list[dict[str, Any]]
 
 
 def _export_problems(
-    spec: dict[str, Any], stock: Path, out: Path, single: SingleRun, results: list[TrainedRank], timeout: float
+    spec: ParitySpec, stock: Path, out: Path, single: SingleRun, results: list[TrainedRank], timeout: float
 ) -> list[str]:
     """The saved Hub checkpoint, reloaded in one process by the stock tree (not the code under test), must hold the
     single process's final weights, under the checkpoint's own tensor names, nothing missing or unexpected."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps(spec | {"mode": "reload"}), encoding="utf-8")
-    command = [sys.executable, "-m", "loadpolicy.parity.worker", str(out / "spec.json"), str(out)]
-    if (error := _launch(spec, stock, out, command, 1, timeout)) is not None:
-        return [f"reload: {error}"]
+    if (error := _run_mode(spec, "reload", 1, None, stock, out, timeout)) is not None:
+        return [error]
     raw = read_raw(out / "rank0.pt")
     if not Path(transformers_file(raw)).is_relative_to(stock.resolve() / "src"):
         return [f"reload imported transformers from {transformers_file(raw)}, not from the stock tree"]
@@ -285,7 +204,7 @@ def _export_problems(
 
 
 def _resume_problems(
-    case: ParityCase, spec: dict[str, Any], tree: Path, out: Path, results: list[TrainedRank], timeout: float
+    case: ParityCase, spec: ParitySpec, tree: Path, out: Path, results: list[TrainedRank], timeout: float
 ) -> list[str]:
     """A new launch resumes from the checkpoint written after RESUME_AFTER steps: its steps' losses and its final
     weights must be those of the uninterrupted run (itself judged against one process)."""
@@ -293,12 +212,9 @@ def _resume_problems(
     if not checkpoint.is_dir():
         return [f"the Trainer wrote no {checkpoint.name}"]
     directory = out / "resumed"
-    directory.mkdir(parents=True, exist_ok=True)
-    resumed_spec = spec | {"mode": str(case.trainer), "save_steps": 0, "resume_from": str(checkpoint.resolve())}
-    (directory / "spec.json").write_text(json.dumps(resumed_spec), encoding="utf-8")
-    worker = ["-m", "loadpolicy.parity.worker", str(directory / "spec.json"), str(directory)]
-    command = launch_command(case.trainer.launcher, case.ranks, worker, directory)
-    if (error := _launch(spec, tree, directory, command, case.ranks, timeout)) is not None:
+    resumed_spec = spec | {"save_steps": 0, "resume_from": str(checkpoint.resolve())}
+    error = _run_mode(resumed_spec, str(case.trainer), case.ranks, case.trainer.launcher, tree, directory, timeout)
+    if error is not None:
         return [f"resumed launch: {error}"]
     resumed = [parse(read_raw(directory / f"rank{rank}.pt"), TrainedRank) for rank in range(case.ranks)]
     return compare_resumed(results, resumed)

@@ -17,7 +17,7 @@ expert weights as this rank's shard, and checks) and OUT/rank<R>.stage (where th
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +26,30 @@ import transformers
 
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
-from loadpolicy.parity.results import Export, Reloaded, SavedCheckpoint, SingleRun, TrainedRank
+from loadpolicy.parity.contract import Export, ParitySpec, Reloaded, SavedCheckpoint, SingleRun, TrainedRank
 
 
 Stage = Callable[[str], None]
 MICRO_BATCH = 2
 
 
-def replicas(spec: dict[str, Any]) -> int:
+def replicas(sizes: Mapping[str, int | bool]) -> int:
     """Distinct micro-batches per step, as the distributed config the ranks load with says: one per data-parallel
     replica of a tp = ep group (`dp_replicate_size`), one per rank with token dispatch (`fsdp_size`)."""
-    sizes = spec["distributed"]
     batches: int = sizes.get("dp_replicate_size", 1) * sizes.get("fsdp_size", 1)
     return batches
 
 
-def fixed_batches(spec: dict[str, Any], steps: int) -> list[Any]:
+def fixed_batches(spec: ParitySpec, steps: int) -> list[Any]:
     """One fixed global batch per step: `dp` micro-batches of MICRO_BATCH rows, one per data-parallel replica."""
-    rows = MICRO_BATCH * replicas(spec)
+    rows = MICRO_BATCH * replicas(spec["distributed"])
     return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in range(steps)]
 
 
-def replica_batch(batch: Any, spec: dict[str, Any], rank: int, world: int) -> Any:
+def replica_batch(batch: Any, spec: ParitySpec, rank: int, world: int) -> Any:
     """This rank's micro-batch: the ranks of one tp = ep group (one replica) share it; with token dispatch every rank
     has its own."""
-    replica = rank // (world // replicas(spec))
+    replica = rank // (world // replicas(spec["distributed"]))
     return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
 
 
@@ -60,7 +59,7 @@ def _freeze(model: Any, frozen: list[str]) -> None:
             param.requires_grad_(False)
 
 
-def deepspeed_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
+def deepspeed_config(spec: ParitySpec, world: int) -> dict[str, Any]:
     return {
         # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
         "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
@@ -73,14 +72,14 @@ def deepspeed_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     }
 
 
-def make_optimizer(model: Any, spec: dict[str, Any]) -> Any:
+def make_optimizer(model: Any, spec: ParitySpec) -> Any:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if spec["optimizer"] == "sgd":
         return torch.optim.SGD(trainable, lr=spec["lr"])
     return torch.optim.AdamW(trainable, lr=spec["lr"], weight_decay=0.0)
 
 
-def train_single(spec: dict[str, Any], stage: Stage) -> SingleRun:
+def train_single(spec: ParitySpec, stage: Stage) -> SingleRun:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
     _freeze(model, spec["frozen"])
@@ -98,7 +97,7 @@ def train_single(spec: dict[str, Any], stage: Stage) -> SingleRun:
     return {"losses": losses, "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def load_ep(spec: dict[str, Any], world: int) -> Any:
+def load_ep(spec: ParitySpec, world: int) -> Any:
     from transformers import DistributedConfig  # noqa: PLC0415
 
     # world = dp x ep: ZeRO-3 owns the dp replicas, experts are sharded over the ep ranks of each (`LaunchShape`)
@@ -147,7 +146,7 @@ def _unchanged(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
     return {n: bool(torch.equal(loaded["before"][n], after[n])) for n in loaded["experts"]}
 
 
-def _engine(spec: dict[str, Any], world: int, stage: Stage) -> tuple[Any, dict[str, Any]]:
+def _engine(spec: ParitySpec, world: int, stage: Stage) -> tuple[Any, dict[str, Any]]:
     import deepspeed  # noqa: PLC0415
 
     stage("from_pretrained")
@@ -172,7 +171,7 @@ def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) 
     return losses
 
 
-def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> Export:
+def _export(spec: ParitySpec, stage: Stage, save: Callable[[str], None]) -> Export:
     """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
     stage("save hub checkpoint")
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
@@ -181,7 +180,7 @@ def _export(spec: dict[str, Any], stage: Stage, save: Callable[[str], None]) -> 
     return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20}
 
 
-def _reload(spec: dict[str, Any], stage: Stage) -> Reloaded:
+def _reload(spec: ParitySpec, stage: Stage) -> Reloaded:
     """One process, plain `from_pretrained` of the exported directory: its weights, what the load reported, and the
     tensor names on disk beside those of the checkpoint the run started from."""
     from safetensors import safe_open  # noqa: PLC0415
@@ -205,7 +204,7 @@ def _reload(spec: dict[str, Any], stage: Stage) -> Reloaded:
     }
 
 
-def _deepspeed(spec: dict[str, Any], stage: Stage) -> TrainedRank:
+def _deepspeed(spec: ParitySpec, stage: Stage) -> TrainedRank:
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
@@ -224,7 +223,7 @@ def _deepspeed(spec: dict[str, Any], stage: Stage) -> TrainedRank:
     return result
 
 
-def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, stage: Stage) -> SavedCheckpoint:
+def _save_and_reload(spec: ParitySpec, world: int, engine: Any, batch: Any, stage: Stage) -> SavedCheckpoint:
     """Save, reload into a freshly loaded engine, and take one more step on both: they must agree."""
     stage("save_checkpoint")
     engine.save_checkpoint(spec["checkpoint_dir"], tag="parity")
@@ -246,7 +245,7 @@ def _save_and_reload(spec: dict[str, Any], world: int, engine: Any, batch: Any, 
     }
 
 
-def _accelerate(spec: dict[str, Any], stage: Stage) -> TrainedRank:
+def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
     from accelerate import Accelerator, InitProcessGroupKwargs  # noqa: PLC0415
 
     # Created before `from_pretrained`: its ZeRO-3 plugin is what makes every rank select EPMeta. On CPU a plain
@@ -291,7 +290,7 @@ def _accelerate(spec: dict[str, Any], stage: Stage) -> TrainedRank:
     return result
 
 
-def _training_arguments(spec: dict[str, Any], world: int, out: Path) -> Any:
+def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
     from transformers import TrainingArguments  # noqa: PLC0415
 
     ds_config = deepspeed_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
@@ -315,7 +314,7 @@ def _training_arguments(spec: dict[str, Any], world: int, out: Path) -> Any:
     )
 
 
-def _trainer(spec: dict[str, Any], stage: Stage, out: Path) -> TrainedRank:
+def _trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank:
     from transformers import Trainer, TrainerCallback  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
@@ -370,7 +369,7 @@ def _trained(
     }
 
 
-def _train(rank: Rank, spec: dict[str, Any]) -> SingleRun | TrainedRank | Reloaded:
+def _train(rank: Rank, spec: ParitySpec) -> SingleRun | TrainedRank | Reloaded:
     rank.facts["transformers_file"] = transformers.__file__  # which tree this rank really ran
     match spec["mode"]:
         case "single":
@@ -389,4 +388,4 @@ def _train(rank: Rank, spec: dict[str, Any]) -> SingleRun | TrainedRank | Reload
 
 if __name__ == "__main__":
     # Every rank records its error and exits cleanly: on stock, each must show the same refusal.
-    run_rank(_train, ".pt", exit_on_error=False)
+    run_rank(_train, ParitySpec, ".pt", exit_on_error=False)

@@ -1,4 +1,4 @@
-"""Calibration: the cost model's predictions for a `loadpolicy bench` run, beside what that run measured.
+"""Calibration: the cost model's predictions for a `loadpolicy dev bench` run, beside what that run measured.
 
 For every benchmarked (model, policy, ranks) it predicts the bench's own figures: the largest per-rank peak RSS (total,
 anonymous, file-backed) and what the largest rank holds after loading. Peaks are the bench's: the larger of the peak
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.cases import CASES
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
-from loadpolicy.bench.run import CASES
 from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
 from loadpolicy.units import GIB

@@ -88,8 +88,8 @@ def _run_launch(args: argparse.Namespace) -> str:
 def _run_calibrate(args: argparse.Namespace) -> str:
     if not (args.bench / "bench.json").is_file():
         raise CommandError(
-            f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a `loadpolicy bench` "
-            "run (`tox -e bench` writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
+            f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a "
+            "`loadpolicy dev bench` run (`tox -e bench` writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
         )
     try:
         rows = calibrate(args.bench)
@@ -163,7 +163,7 @@ def add_parser(subparsers: Any) -> None:
     launch.add_argument("--json", action="store_true")
     launch.set_defaults(handler=_run_launch)
 
-    cal = modes.add_parser("calibrate", help="predictions beside a `loadpolicy bench` run's measurements")
+    cal = modes.add_parser("calibrate", help="predictions beside a `loadpolicy dev bench` run's measurements")
     cal.add_argument("--bench", type=Path, default=Path("build/bench"), help="the bench's output directory")
     cal.add_argument("--out", type=Path, default=Path("build/plan"))
     cal.set_defaults(handler=_run_calibrate)

@@ -1,4 +1,4 @@
-"""`loadpolicy throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
+"""`loadpolicy dev throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
 
 Four ways on the same checkpoint, world and ep (`throughput.worker`): EPMeta with token dispatch, EPMeta as 5.23.0
 spells EP (tp = ep, a shared batch per EP group), DeepSpeed AutoEP, and plain ZeRO-3 without EP. Per way: tokens/s per
@@ -25,22 +25,14 @@ from typing import Literal
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
 from loadpolicy.errors import positive_int
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import ValidationFailedError, add_launch_arguments, launch_worker
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
-from loadpolicy.throughput.results import ThroughputRank
+from loadpolicy.throughput.cases import SAME_DATA, Way
+from loadpolicy.throughput.contract import ThroughputRank, ThroughputSpec
 from loadpolicy.units import GIB
 
 
-# way -> (tree, policy every rank must report: None on stock, which has none)
-# (plain ZeRO-3 first: the reference of the first-loss check, and the way that holds the most memory)
-WAYS: dict[str, tuple[Tree, str | None]] = {
-    "zero3": (Tree.STOCK, None),
-    "dispatch": (Tree.PATCHED, "EPMeta"),
-    "tp_ep": (Tree.PATCHED, "EPMeta"),
-    "autoep": (Tree.STOCK, None),
-}
-SAME_DATA = ("dispatch", "autoep")  # train what `zero3` trains: every rank its own micro-batch of one global batch
 LOSS_BOUND = 1e-4
 WORKER = "loadpolicy.throughput.worker"
 
@@ -66,19 +58,9 @@ class Row:
     losses: list[float] = field(default_factory=list)  # mean over ranks, per step (the warm-up first)
 
 
-def _shape(way: str, ranks: int, ep: int) -> LaunchShape:
-    """The launch of `way`: EPMeta as token dispatch or as tp = ep; AutoEP and plain ZeRO-3 load with no
-    `DistributedConfig` (AutoEP swaps the experts in `deepspeed.initialize`)."""
-    if way == "dispatch":
-        return LaunchShape.dispatching(ranks, ep, zero3=True)
-    if way == "tp_ep":
-        return LaunchShape.experts_over(ranks, ep, zero3=True)
-    return LaunchShape(ranks, zero3=True)
-
-
 def _row(way: str, shape: LaunchShape, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
     """One way's figures; `ep` is the way's EP size (AutoEP's `autoep_size`, which its launch shape does not carry)."""
-    expected = WAYS[way][1]
+    expected = Way(way).policy
     problems = [
         f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
     ]
@@ -169,7 +151,7 @@ def throughput(
     cache: Path,
     *,
     model: BenchModel,
-    ways: tuple[str, ...] = tuple(WAYS),
+    ways: tuple[str, ...] = tuple(Way),
     experts_implementation: str | None = None,
     adamw: str = "fused",
     repeats: int = 1,
@@ -187,13 +169,13 @@ def throughput(
     # Rounds interleave the ways, so that a slow spell of this shared machine falls on every way of a round alike
     for repeat, ep in ((repeat, ep) for repeat in range(repeats) for ep in eps):
         # alternate the order of the ways from round to round: no way always runs first on a warming machine
-        order = list(WAYS.items()) if repeat % 2 == 0 else list(reversed(WAYS.items()))
-        for way, (tree, _) in order:
-            if way not in ways or (way == "zero3" and ep != eps[0]):
+        order = list(Way) if repeat % 2 == 0 else list(reversed(Way))
+        for way in order:
+            if way not in ways or (way is Way.ZERO3 and ep != eps[0]):
                 continue  # no EP: one run serves every ep
-            shape = _shape(way, ranks, ep)
-            spec = {
-                "way": way,
+            shape = way.shape(ranks, ep)
+            spec: ThroughputSpec = {
+                "way": str(way),
                 "ep": ep,
                 "distributed": shape.distributed_config(),
                 "checkpoint": str(checkpoint),
@@ -209,7 +191,7 @@ def throughput(
             }
             start = time.monotonic()
             directory = out / "runs" / (f"{way}-ep{ep}" + (f"-{repeat}" if repeats > 1 else ""))
-            result = launch_worker(WORKER, spec, trees[tree], directory, ranks, timeout, ThroughputRank)
+            result = launch_worker(WORKER, spec, trees[way.tree], directory, ranks, timeout, ThroughputRank)
             seconds = time.monotonic() - start
             row = (
                 Row(way, ranks, ep, seconds, error=result, repeat=repeat)
@@ -306,7 +288,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--steps", type=positive_int, default=3, help="measured steps after one warm-up step (default 3)"
     )
     parser.add_argument("--sequence", type=positive_int, default=512, help="tokens per micro-batch (default 512)")
-    parser.add_argument("--way", action="append", choices=list(WAYS), help="only this way (repeatable; default all)")
+    parser.add_argument("--way", action="append", choices=list(Way), help="only this way (repeatable; default all)")
     parser.add_argument(
         "--experts-implementation",
         choices=("eager", "grouped_mm"),
@@ -339,7 +321,7 @@ def _run(args: argparse.Namespace) -> str:
         args.patches,
         args.cache,
         model=model,
-        ways=tuple(args.way or WAYS),
+        ways=tuple(args.way or Way),
         experts_implementation=args.experts_implementation,
         adamw=args.adamw,
         repeats=args.repeats,
@@ -350,7 +332,9 @@ def _run(args: argparse.Namespace) -> str:
         timeout=args.timeout,
     )
     command = (
-        "loadpolicy throughput" + (" --smoke" if args.smoke else "") + "".join(f" --way {w}" for w in args.way or ())
+        "loadpolicy dev throughput"
+        + (" --smoke" if args.smoke else "")
+        + "".join(f" --way {w}" for w in args.way or ())
     )
     command += "".join(f" --ep {ep}" for ep in args.ep or ())
     # every option that differs from its default, so that the command reproduces the table

@@ -29,7 +29,7 @@ from loadpolicy.autoep.worker import apply_output_capture_registry_shim
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
-from loadpolicy.throughput.results import StepTimes, ThroughputRank
+from loadpolicy.throughput.contract import StepTimes, ThroughputRank, ThroughputSpec
 
 
 # Profiler event names of the collectives (c10d ops, and the waits of functional collectives, which transformers'
@@ -44,7 +44,7 @@ COLLECTIVES = {
 }
 
 
-def ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
+def ds_config(spec: ThroughputSpec, world: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         # Buckets of 50M elements instead of DeepSpeed's 500M defaults (2 GB of fp32 per bucket per rank), for every
         # way alike: with the defaults plain ZeRO-3 on moe-300m at 4 ranks needs 6.3 GB per rank, over this machine.
@@ -72,19 +72,20 @@ def ds_config(spec: dict[str, Any], world: int) -> dict[str, Any]:
     return config
 
 
-def distinct_batches(spec: dict[str, Any], world: int) -> int:
+def distinct_batches(spec: ThroughputSpec, world: int) -> int:
     """Micro-batches the world trains per step, as the distributed config says (the ranks of a tp = ep group share
     one); one per rank without a distributed config."""
-    return parity_worker.replicas(spec) if spec["distributed"] else world
+    sizes = spec["distributed"]
+    return parity_worker.replicas(sizes) if sizes else world
 
 
-def step_batches(spec: dict[str, Any], world: int, step: int) -> Any:
+def step_batches(spec: ThroughputSpec, world: int, step: int) -> Any:
     generator = torch.Generator().manual_seed(1000 + step)
     shape = (distinct_batches(spec, world), spec["micro_batch"], spec["sequence"])
     return torch.randint(0, spec["vocab_size"], shape, generator=generator)
 
 
-def _load(spec: dict[str, Any], world: int) -> Any:
+def _load(spec: ThroughputSpec, world: int) -> Any:
     from transformers import DistributedConfig  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
@@ -154,7 +155,7 @@ def _step(engine: Any, ids: Any, profiles: dict[str, Any] | None = None) -> tupl
     return float(loss.item()), times
 
 
-def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
+def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
@@ -216,4 +217,4 @@ def _train(this: Rank, spec: dict[str, Any]) -> ThroughputRank:
 
 
 if __name__ == "__main__":
-    run_rank(_train)
+    run_rank(_train, ThroughputSpec)

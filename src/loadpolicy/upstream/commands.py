@@ -1,4 +1,4 @@
-"""`loadpolicy checkout` and `loadpolicy series ...`: the pinned upstream tree and the patch series."""
+"""`loadpolicy checkout` and `loadpolicy dev series ...`: the pinned upstream tree and the patch series."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", type=Path, default=Path("build/cache"), help="sdist cache (default: build/cache)")
 
 
-def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_checkout_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("checkout", help="pinned transformers sdist, verified, as git with the series")
     parser.add_argument("dest", type=Path, help="new directory for the git checkout")
     parser.add_argument("--pristine", action="store_true", help="stop after the pristine upstream commit")
@@ -31,6 +31,8 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     _common(parser)
     parser.set_defaults(handler=_checkout)
 
+
+def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     series = subparsers.add_parser("series", help="lint, export or refresh the patch series").add_subparsers(
         dest="series_command", required=True, metavar="ACTION"
     )
@@ -118,7 +120,7 @@ def _sizes(args: argparse.Namespace) -> str:
 def _sync_policy(args: argparse.Namespace) -> str:
     target = args.tree / TRANSFORMERS_MODULE
     target.write_text(render_transformers_module(SOURCE.read_text(encoding="utf-8")), encoding="utf-8")
-    return f"wrote {target}; amend the fork-only patch that carries it, then `loadpolicy series export`"
+    return f"wrote {target}; amend the fork-only patch that carries it, then `loadpolicy dev series export`"
 
 
 def _refresh(args: argparse.Namespace) -> str:

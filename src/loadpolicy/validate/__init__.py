@@ -1,1 +1,1 @@
-"""`loadpolicy validate`: real multi-process loads of tiny models on the stock and the patched transformers trees."""
+"""`loadpolicy dev validate`: real multi-process loads of tiny models on the stock and the patched trees."""

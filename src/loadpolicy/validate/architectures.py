@@ -1,4 +1,4 @@
-"""`loadpolicy validate --architectures all`: every EP-capable model type of the pinned release, generated tiny.
+"""`loadpolicy dev validate --architectures all`: every EP-capable model type of the pinned release, generated tiny.
 
 The stock tree generates the checkpoints (`tinymodels/generate.py`) and loads each in one process (the reference);
 then every generated type runs through the matrix's EP scenarios at 2 and 4 ranks, judged as the matrix judges:
@@ -16,8 +16,8 @@ from typing import Any
 
 from loadpolicy.harness.launch import Launcher, Tree, run_bounded, tree_env
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.matrix.runner import RunOutcome, launch
-from loadpolicy.matrix.scenarios import Run, Scenario
+from loadpolicy.matrix.cases import Run, Scenario
+from loadpolicy.matrix.run import RunOutcome, run_scenario
 from loadpolicy.tinymodels.checkpoints import build_references
 
 
@@ -62,7 +62,9 @@ def run_architectures(
     outcomes: list[RunOutcome] = []
     for index, run in enumerate(runs, start=1):
         # one launch loads every architecture; its bound grows with their number (a tiny load takes 1-3 s)
-        outcome = launch(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout + 20.0 * len(archs), built)
+        outcome = run_scenario(
+            run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout + 20.0 * len(archs), built
+        )
         outcomes.append(outcome)
         passed = sum(outcome.as_expected(a) for a in outcome.archs)
         print(

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import loadpolicy
-from loadpolicy.faults.run import FAULT_CASES, run_fault
+from loadpolicy.faults.cases import FAULT_CASES
+from loadpolicy.faults.run import run_fault
 from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.matrix.runner import launch
-from loadpolicy.matrix.scenarios import Run, Scenario
-from loadpolicy.parity.run import ParityCase, Trainer, run_parity
+from loadpolicy.matrix.cases import Run, Scenario
+from loadpolicy.matrix.run import run_scenario
+from loadpolicy.parity.cases import ParityCase, Trainer
+from loadpolicy.parity.run import run_parity
 
 
 # the patched tree's test files `_in_tree` selects from (`-k`), relative to the checkout
@@ -63,7 +65,7 @@ class Check:
         """Run this check with `code` as the patched tree (or as our package's parent, for unit tests)."""
         trees = {Tree.STOCK: setup.trees[Tree.STOCK], Tree.PATCHED: code}
         if self.run is not None:
-            outcome = launch(self.run, trees, setup.checkpoints, out, setup.timeout)
+            outcome = run_scenario(self.run, trees, setup.checkpoints, out, setup.timeout)
             details = [a.detail for a in outcome.archs if not a.passed]
             return outcome.met_expectation, outcome.launch_error or "; ".join(details)
         if self.parity is not None:

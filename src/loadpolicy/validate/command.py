@@ -1,4 +1,4 @@
-"""`loadpolicy validate`: build both trees and the checkpoints, run the matrix, report."""
+"""`loadpolicy dev validate`: build both trees and the checkpoints, run the matrix, report."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from loadpolicy.faults.run import FAULT_CASES, build_fault_checkpoints, run_fault
+from loadpolicy.faults.cases import FAULT_CASES
+from loadpolicy.faults.run import build_fault_checkpoints, run_fault
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments
-from loadpolicy.matrix.runner import RunOutcome, launch, prepare_matrix
-from loadpolicy.matrix.scenarios import fast_matrix, full_matrix
-from loadpolicy.parity.run import ParityCase, Trainer, run_parity
+from loadpolicy.matrix.cases import fast_matrix, full_matrix
+from loadpolicy.matrix.run import RunOutcome, prepare_matrix, run_scenario
+from loadpolicy.parity.cases import PARITY_FAST, PARITY_FULL, PARITY_MAIN
+from loadpolicy.parity.run import run_parity
 from loadpolicy.validate.architectures import run_architectures
 from loadpolicy.validate.report import (
     ValidationResults,
@@ -20,74 +22,6 @@ from loadpolicy.validate.report import (
     render_parity,
     render_table,
     write_json,
-)
-
-
-TOKEN_DISPATCH = (
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True, dispatch=True),
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, dp=2, dispatch=True),
-    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
-    ParityCase("mixtral", 4, Trainer.ACCELERATE, dp=2, dispatch=True),
-    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
-    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, dispatch=True, resume=True),
-)
-# Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
-# the stock tree once per way and architecture, to show how it fails.
-PARITY_FULL = (
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, export=True),
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
-    *(
-        ParityCase(arch, ranks, way, export=True)
-        for way in (Trainer.ACCELERATE, Trainer.HF_TRAINER)
-        for arch in ("qwen3_moe", "mixtral")
-        for ranks in (2, 4)
-    ),
-    *(ParityCase(arch, 2, way, tree=Tree.STOCK) for way in Trainer for arch in ("qwen3_moe", "mixtral")),
-    # world = dp x ep: 2 replicas of 2 EP ranks, ZeRO-3 owning data parallelism, each replica on its own micro-batch
-    *(
-        ParityCase(arch, 4, Trainer.DEEPSPEED, clip=clip, dp=2, export=clip == 0)
-        for arch in ("qwen3_moe", "mixtral")
-        for clip in (0, 1)
-    ),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
-    *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2, export=True) for arch in ("qwen3_moe", "mixtral")),
-    # Trainer.train(resume_from_checkpoint=...) in a new launch, at ep 2 and at dp 2 x ep 2
-    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, resume=True),
-    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, resume=True),
-    # token dispatch: every rank its own micro-batch, tokens sent to their experts by all-to-all, ZeRO-3 owning the
-    # fsdp ranks; W = 2 and 4 with ep = W, and W = 4 with ep = 2 (2 ranks hold each expert: efsdp = 2)
-    *TOKEN_DISPATCH,
-)
-# Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
-# training that saves has one export case here.
-PARITY_FAST = (
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
-    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
-    ParityCase("mixtral", 2, Trainer.ACCELERATE, export=True),
-    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True, resume=True),
-    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, export=True),
-    # token dispatch at ep 2 over 4 ranks (efsdp 2), SGD so that a wrong gradient scale shows, saved and reloaded
-    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
-)
-# The main job's (`tox -e multigpu`, bounded at 15 min here): the CI subset, plus each way of training with token
-# dispatch, ep = world at 4 ranks, and the 4-rank Trainer at dp 2 x ep 2. `--sweep` (`tox -e multigpu-sweep`) runs
-# every case of PARITY_FULL.
-PARITY_MAIN = (
-    *PARITY_FAST,
-    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
-    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
-    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
-    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
 )
 
 
@@ -114,7 +48,7 @@ def validate(
     outcomes: list[RunOutcome] = []
     started = time.monotonic()
     for index, run in enumerate(runs, start=1):
-        outcome = launch(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout)
+        outcome = run_scenario(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout)
         outcomes.append(outcome)
         passed = sum(a.passed for a in outcome.archs)
         mark = "ok " if outcome.met_expectation else "!! "
@@ -179,7 +113,7 @@ def _run(args: argparse.Namespace) -> str:
                 "some model types that plain EP loads on stock fail under ZeRO-3: see the table"
             )
         return "every model type that plain EP loads on stock loads under ZeRO-3 on the patched tree"
-    command = "loadpolicy validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
+    command = "loadpolicy dev validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
     code = validate(
         args.out, args.patches, args.cache, fast=args.fast, sweep=args.sweep, timeout=args.timeout, command=command
     )

@@ -1,4 +1,4 @@
-"""`loadpolicy mutants`: break one behaviour at a time and show which check catches it.
+"""`loadpolicy dev mutants`: break one behaviour at a time and show which check catches it.
 
 Each mutation replaces one exact piece of text, in a copy of the patched tree's `src` or of our `loadpolicy` package,
 and runs the smallest part of the validation that must fail because of it (a matrix launch, a parity case, a bad-input
@@ -23,7 +23,7 @@ from pathlib import Path
 from loadpolicy.errors import CommandError
 from loadpolicy.faults.run import build_fault_checkpoints
 from loadpolicy.harness.launch import Tree, add_launch_arguments
-from loadpolicy.matrix.runner import prepare_matrix
+from loadpolicy.matrix.run import prepare_matrix
 from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target
 from loadpolicy.validate.mutations import MUTATIONS, Mutation
 

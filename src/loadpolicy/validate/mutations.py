@@ -1,4 +1,4 @@
-"""What `loadpolicy mutants` breaks: one exact piece of text per behaviour, the check that must catch it, and the
+"""What `loadpolicy dev mutants` breaks: one exact piece of text per behaviour, the check that must catch it, and the
 reason it must be caught for."""
 
 from __future__ import annotations

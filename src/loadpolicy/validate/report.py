@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.faults.run import MAX_SECONDS_TO_ERROR, FaultOutcome
-from loadpolicy.matrix.runner import RunOutcome
+from loadpolicy.matrix.run import RunOutcome
 from loadpolicy.parity.judges import MAX_RELATIVE_DIFF
 from loadpolicy.parity.run import ParityOutcome
 
@@ -100,7 +100,7 @@ def _fault_rows(faults: Sequence[FaultOutcome]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class ValidationResults:
-    """Everything one `loadpolicy validate` judged: the load matrix, training parity and the bad inputs."""
+    """Everything one `loadpolicy dev validate` judged: the load matrix, training parity and the bad inputs."""
 
     loads: list[RunOutcome]
     parities: Sequence[ParityOutcome] = ()

@@ -1,6 +1,6 @@
 """What a benchmark rank reports for one `from_pretrained`: the contract between `worker` and `run`.
 
-Read back with `parity.results.parse`: a result lacking a field is a failure naming it, never a zero.
+Read back with `parity.contract.parse`: a result lacking a field is a failure naming it, never a zero.
 """
 
 from typing import TypedDict
@@ -35,3 +35,15 @@ class LoadMeasurement(TypedDict):
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
     fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`bench.fingerprint`)
     value_problems: list[str]  # those that differ, or that the model and the reference do not share
+
+
+class BenchSpec(TypedDict):
+    """What `run` hands every rank of a load (OUT/spec.json)."""
+
+    policy: str  # the policy the case expects (judged by `run`, recorded here)
+    zero3: bool
+    distributed: dict[str, int | bool] | None
+    requested: str | None  # an explicit `load_policy=`
+    checkpoint: str
+    model_class: str
+    fingerprints: str  # the stock one-process load's fingerprints of the checkpoint (`bench.fingerprint`)

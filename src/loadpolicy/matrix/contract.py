@@ -6,7 +6,7 @@ treats a missing figure as a failure (`not (x <= bound)`, "no field"), never as 
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 
 class ExpertSlice(TypedDict):
@@ -52,3 +52,23 @@ class RankReport(TypedDict, total=False):
     error: str
     stage: str
     traceback: str
+
+
+class MatrixCase(TypedDict):
+    """One architecture a launch loads: its checkpoint, its model class, and the stock one-process reference."""
+
+    arch: str
+    checkpoint: str
+    model_class: str
+    reference: str
+
+
+class MatrixSpec(TypedDict):
+    """What `run` hands every rank of a launch (OUT/spec.json)."""
+
+    launcher: str  # a `Launcher`: accelerate ranks enable ZeRO-3 through `Accelerator`
+    zero3: bool
+    zero3_config: dict[str, Any]
+    distributed: dict[str, int | bool] | None  # `DistributedConfig(**...)`, or none
+    bnb_8bit: bool
+    cases: list[MatrixCase]

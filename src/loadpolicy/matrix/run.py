@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from loadpolicy.harness.launch import Tree, launch_command, run_bounded, stages, tree_env
+from loadpolicy.harness.launch import Tree, launch
 from loadpolicy.harness.rank import raised_at
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy.matrix.results import LoadCheck, RankReport
-from loadpolicy.matrix.scenarios import SCENARIOS, Run
+from loadpolicy.matrix.cases import SCENARIOS, Run
+from loadpolicy.matrix.contract import LoadCheck, MatrixCase, MatrixSpec, RankReport
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout
 from loadpolicy.tinymodels.architectures import model_classes as known_model_classes
@@ -54,7 +53,7 @@ class RunOutcome:
         return self.launch_error is None and all(self.as_expected(arch) for arch in self.archs)
 
 
-def launch(
+def run_scenario(
     run: Run,
     trees: dict[Tree, Path],
     checkpoints: Path,
@@ -66,7 +65,7 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     spec = run.spec
     classes = known_model_classes(model_classes)
-    cases = [
+    cases: list[MatrixCase] = [
         {
             "arch": a,
             "checkpoint": str(checkpoints / a),
@@ -75,7 +74,7 @@ def launch(
         }
         for a in spec.archs
     ]
-    worker_spec = {
+    worker_spec: MatrixSpec = {
         "launcher": str(run.launcher),
         "zero3": spec.zero3,
         "zero3_config": ZERO3_CONFIG | {"train_batch_size": run.ranks},
@@ -83,23 +82,19 @@ def launch(
         "bnb_8bit": spec.bnb_8bit,
         "cases": cases,
     }
-    spec_path = out / "spec.json"
-    spec_path.write_text(json.dumps(worker_spec, indent=2), encoding="utf-8")
-    worker = ["-m", "loadpolicy.matrix.worker", str(spec_path), str(out)]
-    command = launch_command(run.launcher, run.ranks, worker, out)
-    start = time.monotonic()
-    returncode = run_bounded(command, tree_env(trees[run.tree]), out / "launcher.log", timeout)
-    seconds = time.monotonic() - start
-    launch_error = None if returncode is not None else f"timed out after {timeout:.0f}s; " + stages(out, run.ranks)
+    launched = launch(
+        "loadpolicy.matrix.worker", worker_spec, trees[run.tree], out, run.ranks, timeout, launcher=run.launcher
+    )
+    launch_error = launched.timeout_message() if launched.timed_out else None
     ranks = [_read_rank(out, rank) for rank in range(run.ranks)]
     if launch_error is None and any(r is None for r in ranks):
-        launch_error = f"launcher exited {returncode}; a rank wrote no result; " + stages(out, run.ranks)
+        launch_error = f"launcher exited {launched.returncode}; a rank wrote no result; " + launched.where()
     tree_src = trees[run.tree].resolve() / "src"
     imported = {r.get("transformers_file") for r in ranks if r is not None}
     if launch_error is None and not all(f is not None and Path(f).is_relative_to(tree_src) for f in imported):
         launch_error = f"ranks imported transformers from {sorted(map(str, imported))}, not from {tree_src}"
     archs = tuple(_judge(run, arch, ranks) for arch in spec.archs)
-    return RunOutcome(run=run, seconds=seconds, archs=archs, launch_error=launch_error)
+    return RunOutcome(run=run, seconds=launched.seconds, archs=archs, launch_error=launch_error)
 
 
 def _read_rank(out: Path, rank: int) -> RankReport | None:

@@ -30,3 +30,21 @@ class ThroughputRank(TypedDict):
     peak_training_bytes: int  # VmHWM over the training steps
     threads: int
     experts_kernel: str  # transformers' `experts_implementation` the model ran, or AutoEP's own layers
+
+
+class ThroughputSpec(TypedDict):
+    """What `run` hands every rank of a training launch (OUT/spec.json)."""
+
+    way: str  # a `cases.Way`
+    ep: int
+    distributed: dict[str, int | bool] | None
+    checkpoint: str
+    model_class: str
+    model_type: str
+    vocab_size: int
+    micro_batch: int
+    sequence: int
+    warmup: int
+    steps: int
+    experts_implementation: str | None  # transformers' experts kernel; None for its default
+    adamw: str  # torch's AdamW implementation: "fused" or "foreach"

@@ -61,3 +61,21 @@ class Reloaded(TypedDict):
     loading_info: dict[str, list[str]]
     keys_on_disk: list[str]
     keys_in_checkpoint: list[str]
+
+
+class ParitySpec(TypedDict):
+    """What `run` hands every rank of a launch (OUT/spec.json); the one-process reference reads the same."""
+
+    mode: str  # single, deepspeed, accelerate, trainer or reload (the worker's docstring)
+    model_class: str
+    checkpoint: str
+    steps: int
+    lr: float
+    optimizer: str  # adamw or sgd
+    distributed: dict[str, int | bool]  # EP: every parity launch has one
+    clip: float
+    frozen: list[str]  # parameter names kept frozen
+    checkpoint_dir: str  # "" for none: where `save_checkpoint` writes
+    export_dir: str  # "" for none: where the trained model is saved for the Hub
+    save_steps: int  # 0 for none: the Trainer's checkpoint interval
+    resume_from: str  # "" for none: the Trainer checkpoint a resumed launch starts from

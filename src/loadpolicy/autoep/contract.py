@@ -1,13 +1,13 @@
 """What an AutoEP-comparison rank reports: the contract between `autoep.worker` (writes) and `autoep.run` (judges).
 
-Read back with `parity.results.parse`: a missing field is a failure naming it, never a pass.
+Read back with `parity.contract.parse`: a missing field is a failure naming it, never a pass.
 """
 
 # No `from __future__ import annotations`: TypedDict reads `NotRequired` off evaluated annotations only, and
 # `parse` relies on `__required_keys__`.
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
-from loadpolicy.parity.results import SingleRun, Tensor
+from loadpolicy.parity.contract import ParitySpec, SingleRun, Tensor
 
 
 class StageFigures(TypedDict):
@@ -42,3 +42,9 @@ class WayRank(TypedDict):
     # AutoEP: whether the output-capture registry shim was needed, and where AutoEP put each layer's experts
     shim_applied: NotRequired[bool]
     autoep_layers: NotRequired[dict[str, dict[str, object]]]
+
+
+class AutoEPSpec(ParitySpec):
+    """Parity's spec (the same reference and training), and AutoEP's config section for the AutoEP way."""
+
+    expert_parallel: NotRequired[dict[str, Any]]

@@ -1,0 +1,143 @@
+"""The training-parity cases: each way users train after loading, at which ranks and EP shape, on which tree.
+
+`PARITY_FAST` is CI's, `PARITY_MAIN` the main job's (`tox -e multigpu`), `PARITY_FULL` the sweep's. How a case runs
+and is judged: docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from loadpolicy.harness.launch import Launcher, Tree
+from loadpolicy.parity.judges import RESUME_AFTER
+from loadpolicy.shape import LaunchShape
+
+
+class Trainer(enum.StrEnum):
+    """What trains the model after `from_pretrained`."""
+
+    DEEPSPEED = "deepspeed"  # deepspeed.initialize under torchrun
+    ACCELERATE = "accelerate"  # Accelerator().prepare under accelerate launch
+    HF_TRAINER = "trainer"  # transformers.Trainer(deepspeed=...) under torchrun
+
+    @property
+    def steps(self) -> int:
+        return 5 if self is Trainer.DEEPSPEED else 3
+
+    @property
+    def launcher(self) -> Launcher:
+        return Launcher.ACCELERATE if self is Trainer.ACCELERATE else Launcher.TORCHRUN
+
+
+@dataclass(frozen=True, slots=True)
+class ParityCase:
+    arch: str
+    ranks: int
+    trainer: Trainer
+    clip: float = 1.0
+    checkpoint: bool = False  # save_checkpoint and reload, with FROZEN parameters frozen
+    tree: Tree = Tree.PATCHED
+    # "adamw" (what users train with) or "sgd": Adam is nearly invariant to a gradient's scale, SGD is not, so only
+    # SGD shows a wrong gradient scale (of the experts, say) directly in the weights.
+    optimizer: str = "adamw"
+    dp: int = 1  # data-parallel replicas owned by ZeRO-3: world = dp x ep, each replica on its own micro-batch
+    # DistributedConfig(fsdp_size=ranks, ep_size=ranks // dp): every rank its own micro-batch, tokens sent to their
+    # experts by all-to-all (without it, tp_size = ep_size and the ranks of an EP group share a micro-batch)
+    dispatch: bool = False
+    # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
+    export: bool = False
+    # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
+    resume: bool = False
+
+    @property
+    def steps(self) -> int:
+        return 2 * RESUME_AFTER if self.resume else self.trainer.steps
+
+    @property
+    def shape(self) -> LaunchShape:
+        """EP under ZeRO-3: `DistributedConfig(tp_size=ep, ep_size=ep[, dp_replicate_size=dp])`, or with token
+        dispatch `DistributedConfig(fsdp_size=ranks, ep_size=ep)`."""
+        if self.dispatch:
+            return LaunchShape.dispatching(self.ranks, self.ranks // self.dp, zero3=True)
+        return LaunchShape.experts_over(self.ranks, self.ranks // self.dp, zero3=True)
+
+    @property
+    def label(self) -> str:
+        extra = " | frozen + save/reload" if self.checkpoint else ""
+        extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
+        extra += " | token dispatch (every rank its own batch)" if self.dispatch else ""
+        extra += " | save_pretrained -> reload" if self.export else ""
+        extra += " | resume after 2 of 4 steps" if self.resume else ""
+        return (
+            f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
+            f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
+        )
+
+
+TOKEN_DISPATCH = (
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True, dispatch=True),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, dp=2, dispatch=True),
+    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.ACCELERATE, dp=2, dispatch=True),
+    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, dispatch=True, resume=True),
+)
+# Training parity (EP under ZeRO-3 against one process): every way of training, both architectures, 2 and 4 ranks;
+# the stock tree once per way and architecture, to show how it fails.
+PARITY_FULL = (
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, export=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, export=True),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd"),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+    *(
+        ParityCase(arch, ranks, way, export=True)
+        for way in (Trainer.ACCELERATE, Trainer.HF_TRAINER)
+        for arch in ("qwen3_moe", "mixtral")
+        for ranks in (2, 4)
+    ),
+    *(ParityCase(arch, 2, way, tree=Tree.STOCK) for way in Trainer for arch in ("qwen3_moe", "mixtral")),
+    # world = dp x ep: 2 replicas of 2 EP ranks, ZeRO-3 owning data parallelism, each replica on its own micro-batch
+    *(
+        ParityCase(arch, 4, Trainer.DEEPSPEED, clip=clip, dp=2, export=clip == 0)
+        for arch in ("qwen3_moe", "mixtral")
+        for clip in (0, 1)
+    ),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2),
+    *(ParityCase(arch, 4, Trainer.HF_TRAINER, dp=2, export=True) for arch in ("qwen3_moe", "mixtral")),
+    # Trainer.train(resume_from_checkpoint=...) in a new launch, at ep 2 and at dp 2 x ep 2
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, resume=True),
+    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, resume=True),
+    # token dispatch: every rank its own micro-batch, tokens sent to their experts by all-to-all, ZeRO-3 owning the
+    # fsdp ranks; W = 2 and 4 with ep = W, and W = 4 with ep = 2 (2 ranks hold each expert: efsdp = 2)
+    *TOKEN_DISPATCH,
+)
+# Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
+# training that saves has one export case here.
+PARITY_FAST = (
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, checkpoint=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+    ParityCase("mixtral", 2, Trainer.ACCELERATE, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, export=True, resume=True),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, tree=Tree.STOCK),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, export=True),
+    # token dispatch at ep 2 over 4 ranks (efsdp 2), SGD so that a wrong gradient scale shows, saved and reloaded
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
+)
+# The main job's (`tox -e multigpu`, bounded at 15 min here): the CI subset, plus each way of training with token
+# dispatch, ep = world at 4 ranks, and the 4-rank Trainer at dp 2 x ep 2. `--sweep` (`tox -e multigpu-sweep`) runs
+# every case of PARITY_FULL.
+PARITY_MAIN = (
+    *PARITY_FAST,
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True),
+    ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
+    ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
+    ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
+)
