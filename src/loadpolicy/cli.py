@@ -12,6 +12,7 @@ from pathlib import Path
 
 from loadpolicy import doctor
 from loadpolicy.autoep import run as autoep_command
+from loadpolicy.bench import calibrate as calibrate_command
 from loadpolicy.bench import run as bench_command
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.explain import explain
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate_command.add_parser(dev)
     mutants_command.add_parser(dev)
     bench_command.add_parser(dev)
+    calibrate_command.add_parser(dev)
     autoep_command.add_parser(dev)
     throughput_command.add_parser(dev)
     return parser

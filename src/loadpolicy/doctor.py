@@ -1,15 +1,9 @@
-"""`loadpolicy doctor`: known DeepSpeed ZeRO-3 failures a config (and the installed DeepSpeed) walks into.
+"""Check a DeepSpeed config (and the installed DeepSpeed) for known ZeRO-3 failures.
 
-- Offload devices that disagree, under ZeRO-3: with DeepSpeed 0.14.1 to 0.14.4 `unscale_and_clip_grads` fails with
-  "Expected all tensors to be on the same device" (DeepSpeed #5422, #5538; introduced by #5256 in 0.14.1, fixed by
-  #5493 in 0.14.3 and #5504 in 0.14.5). Seeds: zero3-offload-device-mismatch-qwen, zero3-device-consistency-axolotl.
-- Parameters replaced after `deepspeed.initialize` (accelerate `dispatch_model`, a device move): the engine keys
-  frozen parameter names by object, so `save_checkpoint` fails with "failed to find frozen param in named params"
-  (DeepSpeed #6620, still keyed by object). Seed: deepspeed-frozen-param-names-after-dispatch. A config cannot show
-  this; the finding says what to keep final before wrapping.
-- With the launch's `DistributedConfig` sizes (`--ep-size`, `--tp-size`, `--fsdp-size`): DeepSpeed AutoEP
-  (`expert_parallel.enabled`) beside transformers' EP would shard the experts twice; EP with `tp_size = ep_size` under
-  ZeRO-3 shares each batch across the EP group, where token dispatch (`fsdp_size = world`) gives every rank its own.
+Validates the launch as `loadpolicy explain` does, then reports: disagreeing offload devices, and the device bug of
+DeepSpeed 0.14.1-0.14.4 in `unscale_and_clip_grads`; parameters replaced after `deepspeed.initialize`, which break
+`save_checkpoint`; and, given the launch's DistributedConfig sizes, AutoEP enabled beside transformers' EP (an
+error) and the shared-batch EP shape (a note pointing at token dispatch). See README.md.
 """
 
 from __future__ import annotations

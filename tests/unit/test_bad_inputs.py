@@ -58,7 +58,7 @@ CASES: list[tuple[str, str]] = [
     ("plan launch --config config-unknown-type.json --ranks 4", "unknown model_type 'not_a_model'"),
     ("plan launch --model Qwen3-30B-A3B --ranks 4 --ep 3", "ep=3 must divide ranks=4"),
     ("plan launch --model Qwen3-30B-A3B --ranks 0", "expected an integer >= 1, got 0"),
-    ("plan calibrate --bench missing-bench", "holds no bench.json"),
+    ("dev calibrate --bench missing-bench", "holds no bench.json"),
     ("checkout tf", "no patch series at 'patches'"),
     ("dev series lint", "no patch series at 'patches'"),
     ("dev series export not-a-checkout --patches patches-copy", "not a git checkout with the pristine tag"),

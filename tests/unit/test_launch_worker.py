@@ -1,14 +1,15 @@
-"""`harness.launch.launch_worker` on a real one-process launch: a fake tree whose `transformers` is a stub package."""
+"""`harness.launch.launch` and `read_results` on a real one-process launch: a fake tree, `transformers` a stub."""
 
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 from typing import TypedDict
 
 import pytest
 
-from loadpolicy.harness.launch import launch_worker
+from loadpolicy.harness.launch import launch, read_results
 
 
 class Answer(TypedDict):
@@ -42,7 +43,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def run(tree: Path, out: Path, *, fail: bool = False, complete: bool = True) -> list[Answer] | str:
-    return launch_worker("fake_worker", {"fail": fail, "complete": complete}, tree, out, 1, 60.0, Answer)
+    return read_results(launch("fake_worker", {"fail": fail, "complete": complete}, tree, out, 1, 60.0), Answer)
 
 
 def test_a_complete_result_comes_back_as_its_contract(tree: Path, tmp_path: Path) -> None:
@@ -81,6 +82,33 @@ def test_a_rank_that_imported_another_transformers_fails(tree: Path, tmp_path: P
 
 def test_a_rank_killed_before_it_wrote_says_so(tree: Path, tmp_path: Path) -> None:
     (tree / "src" / "killed_worker.py").write_text("import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
-    error = launch_worker("killed_worker", {}, tree, tmp_path / "killed", 1, 60.0, Answer)
+    error = read_results(launch("killed_worker", {}, tree, tmp_path / "killed", 1, 60.0), Answer)
     assert isinstance(error, str)
     assert error.startswith("ranks [0] wrote no result (launcher exit -9")
+
+
+def test_a_process_left_running_after_the_launcher_exits_is_reported_and_killed(tree: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "orphan.pid"
+    (tree / "src" / "leaves_a_child.py").write_text(
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n",
+        encoding="utf-8",
+    )
+    launched = launch("leaves_a_child", {}, tree, tmp_path / "orphan", 1, 60.0)
+    assert launched.returncode == 0
+    assert launched.left_running
+    orphan = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split()[2]
+
+
+def test_a_launch_past_its_bound_is_killed_and_says_where_each_rank_was(tree: Path, tmp_path: Path) -> None:
+    (tree / "src" / "sleeper.py").write_text(
+        "import sys, pathlib, time\npathlib.Path(sys.argv[2], 'rank0.stage').write_text('sleeping')\ntime.sleep(60)\n",
+        encoding="utf-8",
+    )
+    launched = launch("sleeper", {}, tree, tmp_path / "slow", 1, 3.0)
+    assert launched.timed_out
+    assert launched.seconds < 30
+    assert launched.timeout_message() == "timed out after 3s; rank 0 at 'sleeping'"

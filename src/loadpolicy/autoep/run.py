@@ -18,7 +18,7 @@ from typing import Any
 
 from loadpolicy.autoep.cases import ARCHS, DP, MIB, STEPS, WORLD, Way, expert_parallel_section
 from loadpolicy.autoep.contract import AutoEPSpec, ReferenceRun, WayRank
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
@@ -55,7 +55,7 @@ def _launch(
 ) -> list[Contract] | str:
     """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy dev bench`)."""
     evict_from_page_cache(Path(spec["checkpoint"]))
-    return launch_worker("loadpolicy.autoep.worker", spec, tree, out, ranks, timeout, contract, ".pt")
+    return read_results(launch("loadpolicy.autoep.worker", spec, tree, out, ranks, timeout), contract, ".pt")
 
 
 def _weights_rel(

@@ -1,21 +1,9 @@
 """One rank of `loadpolicy dev autoep`: load and train with EPMeta or with DeepSpeed AutoEP, measuring both.
 
-`python -m loadpolicy.autoep.worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"]:
-
-- `single`: the reference, `parity_worker`'s single-process loop on the concatenated global batch, plus the
-  weights as `from_pretrained` loads them (to check what each way holds before the first step);
-- `epmeta` (patched tree): `from_pretrained(distributed_config=DistributedConfig(tp_size=ep, ep_size=ep,
-  dp_replicate_size=dp))` under an `HfDeepSpeedConfig`, then `deepspeed.initialize`, as `parity_worker` does;
-- `autoep` (stock tree): `from_pretrained` under an `HfDeepSpeedConfig` (so inside `zero.Init`), then
-  `deepspeed.initialize` with an `expert_parallel` section, which swaps every MoE block for an `AutoEPMoELayer`.
-
-Both ways: the process group is started first (gloo on CPU), every rank starts each measured stage after a barrier,
-and `from_pretrained` and `deepspeed.initialize` are each timed with their peak RSS (`harness.procfs.PeakSampler` plus
-the kernel's `VmHWM`, reset just before). The ranks of one EP group share a micro-batch (one data-parallel replica
-per EP group, as `parity_worker` feeds them). Weights are gathered after `deepspeed.initialize` and after the last
-step and written in the Hugging Face layout (AutoEP's `router.gate` and `experts.w1/w2/w3` mapped back), experts as
-this rank's rows. Writes OUT/rank<R>.pt and OUT/rank<R>.stage; a rank that fails writes its error and the stage it
-was in, and exits non-zero so that torchrun stops the other ranks instead of leaving them in a collective.
+`python -m loadpolicy.autoep.worker SPEC OUT`, in a single process or under torchrun. SPEC["mode"] is `single` (the
+one-process reference on the concatenated batch), `epmeta` (patched tree) or `autoep` (stock tree, DeepSpeed's
+`expert_parallel` section). Times `from_pretrained` and `deepspeed.initialize` with their peak RSS, and gathers the
+weights in the Hugging Face layout. Writes OUT/rank<R>.pt and OUT/rank<R>.stage. Method and results: docs/training.md.
 """
 
 from __future__ import annotations
@@ -177,6 +165,7 @@ def to_hf_layout(
 def _single(spec: AutoEPSpec, stage: Stage) -> ReferenceRun:
     stage("from_pretrained")
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
+    # The weights as loaded: what each way holds before its first step is compared with them
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     del model
     trained = parity_worker.train_single(spec, stage)

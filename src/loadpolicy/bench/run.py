@@ -1,19 +1,8 @@
 """`loadpolicy dev bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
 
-Each launch starts from a cold page cache for the checkpoint (its pages are evicted with `posix_fadvise`), runs
-torchrun on the patched tree (Zero3Init on the stock tree: the patched tree's loads add store exchanges), and every
-rank reports its figures
-(`bench/worker.py`). Per (model, policy, ranks) the report gives the median over repeats, with min and max, of the
-slowest rank's load time and of the largest per-rank peak; the ideal per rank is the bytes it owns after loading plus
-the baseline: the same process's RSS just before `from_pretrained`, when it has imported everything (the model's module
-included) and loaded nothing. A rank's peak is the larger of the peak sampled during `from_pretrained` and its RSS once
-every loaded tensor has been touched: memory-mapped weights that loading left untouched count too. The table also gives
-the two apart: "loading" (the peak during `from_pretrained`) and "touched" (the RSS after touching every tensor).
-
-Launches run with `MALLOC_MMAP_THRESHOLD_` fixed at 1 MiB. glibc's default raises its mmap threshold after large frees,
-after which the buffers that merging per-expert keys frees stay in the heap: on moe-850m at 2 ranks that varied the
-anonymous peak from run to run between 1.02 and 1.41 GiB (docs/benchmark.md). A fixed threshold makes the figures
-reproducible and shows what the loader itself holds.
+Each launch runs `bench/worker.py` under torchrun from a cold page cache for the checkpoint. Per (model, policy,
+ranks) the report gives the median (min-max) over repeats of the slowest rank's load time and of the largest per-rank
+peak, against the ideal (owned bytes plus the baseline). What is measured and the results: docs/benchmark.md.
 """
 
 from __future__ import annotations
@@ -31,12 +20,14 @@ from loadpolicy.bench.cases import CASES, Case
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.errors import CommandError, positive_int
-from loadpolicy.harness.launch import Tree, add_launch_arguments, launch_worker, run_bounded, tree_env
+from loadpolicy.harness.launch import Tree, add_launch_arguments, launch, read_results, run_bounded, tree_env
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.units import GIB
 
 
+# glibc's default threshold rises after large frees, and the buffers freed by merging per-expert keys then stay in the
+# heap: the anonymous peak varied from run to run. Fixed, the figures repeat and show what the loader itself holds.
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1024**2)}
 
 
@@ -62,7 +53,8 @@ def _reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, 
 def _launch(spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
-    return launch_worker("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, LoadMeasurement, env=FIXED_MALLOC)
+    launched = launch("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, env=FIXED_MALLOC)
+    return read_results(launched, LoadMeasurement)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -210,6 +202,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
 
 def render_table(rows: list[Row], header: bool = True) -> str:
     lines = []
+    # "loading": the peak during from_pretrained; "touched": the RSS once every loaded tensor was touched
     if header:
         lines.append(
             f"{'model':<11} {'policy':<30} {'ranks':>5} {'load s (min-max)':>20} {'+touch s':>8} {'+init s':>7} "

@@ -1,13 +1,9 @@
 """One rank of a benchmark launch: `python -m loadpolicy.bench.worker SPEC OUT` under torchrun.
 
-Measures `from_pretrained` on this rank: wall time, peak RSS split into anonymous and file-backed memory (sampled every
-5 ms, plus the kernel's own peak, `VmHWM`, reset just before loading), bytes read from storage (`/proc/self/io`; the
-orchestrator evicts the checkpoint from the page cache before each launch; counted until every loaded tensor has been
-touched, as mapped pages are read on first use), and the bytes of the parameters this rank holds afterwards.
-Memory-mapped weights that loading never touched are not resident yet, so after loading every parameter is read once
-and the resident memory measured again ("held"). The RSS just before loading (the process has imported everything, the
-model's module included, and joined the process group) is the baseline. Then, untimed, the values this rank holds are
-compared with the checkpoint's (`bench.fingerprint`), before `deepspeed.initialize` touches them.
+Measures this rank's `from_pretrained`: wall time, peak RSS (anonymous and file-backed), bytes read from storage, the
+bytes it holds afterwards and the baseline RSS just before; then, untimed, checks the loaded values against the
+checkpoint's (`bench.fingerprint`). Writes OUT/rank<R>.json (`contract.LoadMeasurement`). The figures' definitions:
+docs/benchmark.md.
 """
 
 from __future__ import annotations

@@ -153,6 +153,7 @@ class Launched:
     """How a launch ended: its exit code (None when killed at the bound), its wall time, whether processes of it
     outlived the launcher, and where each rank was (its stage file)."""
 
+    tree: Path
     out: Path
     ranks: int
     timeout: float
@@ -179,43 +180,33 @@ def launch(
     ranks: int,
     timeout: float,
     *,
-    launcher: Launcher | None = Launcher.TORCHRUN,
+    launcher: Launcher | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Launched:
     """The one way every suite starts its ranks: write OUT/spec.json, clear the results of an earlier launch, run
-    `python -m module SPEC OUT` on `ranks` processes with `launcher` (one plain process when None) on `tree`, bounded
-    by `timeout` in its own session. `env` adds to the tree's environment."""
+    `python -m module SPEC OUT` on `ranks` processes with `launcher` (by default torchrun, or one plain process for
+    one rank) on `tree`, bounded by `timeout` in its own session. `env` adds to the tree's environment."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.*"):
         stale.unlink()
     (out / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
     worker = ["-m", module, str(out / "spec.json"), str(out)]
+    if launcher is None and ranks > 1:
+        launcher = Launcher.TORCHRUN
     command = [sys.executable, *worker] if launcher is None else launch_command(launcher, ranks, worker, out)
     start = time.monotonic()
     code, left_running = _run_in_session(command, tree_env(tree) | dict(env or {}), out / "launcher.log", timeout)
-    return Launched(out, ranks, timeout, code, time.monotonic() - start, left_running)
+    return Launched(tree, out, ranks, timeout, code, time.monotonic() - start, left_running)
 
 
-def launch_worker(
-    module: str,
-    spec: Mapping[str, object],
-    tree: Path,
-    out: Path,
-    ranks: int,
-    timeout: float,
-    contract: type[Contract],
-    suffix: str = ".json",
-    env: Mapping[str, str] | None = None,
-) -> list[Contract] | str:
-    """`launch` under torchrun (one process without a launcher), then every rank's result as `contract`, or why the
-    launch did not give them: a rank that imported another transformers, a timeout, or the first rank that failed
-    (where and why) with where every rank was."""
-    launched = launch(
-        module, spec, tree, out, ranks, timeout, launcher=Launcher.TORCHRUN if ranks > 1 else None, env=env
-    )
+def read_results(launched: Launched, contract: type[Contract], suffix: str = ".json") -> list[Contract] | str:
+    """Every rank's result of `launched` as `contract`, or why the launch did not give them: a rank that imported
+    another transformers than the launch's tree's, a timeout, or the first rank that failed (where and why) with
+    where every rank was."""
+    out, ranks, timeout = launched.out, launched.ranks, launched.timeout
     code = launched.returncode
     raws = [read_raw(out / f"rank{rank}{suffix}") for rank in range(ranks)]
-    src = tree.resolve() / "src"
+    src = launched.tree.resolve() / "src"
     elsewhere = [
         rank
         for rank, raw in enumerate(raws)

@@ -1,17 +1,9 @@
 """Train K steps on fixed data: once in a single process, once with EP under DeepSpeed ZeRO-3 (one rank each).
 
-`python -m loadpolicy.parity.worker SPEC OUT` in a single process, under torchrun or under
-`accelerate launch`. SPEC["mode"] says how the EP model is trained:
-
-- `single`: the reference, a plain torch loop (AdamW, constant lr, optional clipping, frozen parameters);
-- `deepspeed`: `deepspeed.initialize` on the model `from_pretrained` returned, then `engine.save_checkpoint` and a
-  reload into a freshly loaded engine when SPEC["checkpoint"] is set;
-- `accelerate`: `Accelerator().prepare(model, optimizer)` under `accelerate launch` with a ZeRO-3 plugin;
-- `trainer`: the transformers `Trainer` with a DeepSpeed config, sequential sampling.
-
-Nothing but `from_pretrained(distributed_config=DistributedConfig(tp_size=W, ep_size=W))` prepares the model: the
-patched tree hands the expert shards to DeepSpeed itself. Writes OUT/rank<R>.pt (losses, final weights gathered with
-expert weights as this rank's shard, and checks) and OUT/rank<R>.stage (where the rank is).
+`python -m loadpolicy.parity.worker SPEC OUT` in a single process, under torchrun or under `accelerate launch`.
+SPEC["mode"]: `single`, `deepspeed`, `accelerate`, `trainer` (how the EP model is trained) or `reload`. Nothing but
+`from_pretrained(distributed_config=...)` prepares the model: the patched tree hands the expert shards to DeepSpeed
+itself. Writes OUT/rank<R>.pt and OUT/rank<R>.stage. What is checked and the results: docs/validation.md.
 """
 
 from __future__ import annotations

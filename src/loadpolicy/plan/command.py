@@ -1,9 +1,10 @@
-"""`loadpolicy plan`: predict one launch's loading cost, calibrate the model against the benchmark, project it.
+"""`loadpolicy plan`: predict one launch's loading cost, or project it for published models.
 
 - `loadpolicy plan launch --model Qwen3-30B-A3B --policy EPMeta --ranks 4 --ep 4 --device gpu` (or `--config
   config.json`): per-rank figures with the reason for each.
-- `loadpolicy plan calibrate --bench build/bench`: predictions beside the benchmark's measurements, with the ratio.
 - `loadpolicy plan project --out build/plan`: the published MoE models at 4 to 64 ranks, every policy: table + plot.
+
+The model is calibrated against the benchmark by `loadpolicy dev calibrate` (`bench.calibrate`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.errors import CommandError, missing_extra, non_negative_float, positive_int
-from loadpolicy.plan.calibrate import TOLERANCE, calibrate, misses, render_calibration
 from loadpolicy.plan.configs import PUBLISHED, published_config
 from loadpolicy.plan.cost import Device, Launch, Plan, predict
 from loadpolicy.plan.inventory import DTYPE_BYTES, inventory_from_config
@@ -85,30 +85,6 @@ def _run_launch(args: argparse.Namespace) -> str:
     return render_plan(plan, int(args.baseline_gib * GIB))
 
 
-def _run_calibrate(args: argparse.Namespace) -> str:
-    if not (args.bench / "bench.json").is_file():
-        raise CommandError(
-            f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a "
-            "`loadpolicy dev bench` run (`tox -e bench` writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
-        )
-    try:
-        rows = calibrate(args.bench)
-    except ModuleNotFoundError as exc:
-        raise missing_extra("loadpolicy plan calibrate", exc.name or "transformers") from None
-    text = render_calibration(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "calibration.md").write_text(text + "\n", encoding="utf-8")
-    (args.out / "calibration.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
-    if missed := misses(rows):
-        names = ", ".join(f"{r.model} {r.case} x{r.ranks} {r.figure} ({r.ratio:.2f})" for r in missed)
-        raise CalibrationMissError(f"{text}\n\n{len(missed)} scored figures outside {TOLERANCE:.0%}: {names}")
-    return text
-
-
-class CalibrationMissError(CommandError):
-    """The cost model missed a measured figure by more than the tolerance."""
-
-
 def _run_project(args: argparse.Namespace) -> str:
     rows = project(tuple(args.models), tuple(args.ranks))
     text = render_projection(rows)
@@ -128,7 +104,7 @@ def _run_project(args: argparse.Namespace) -> str:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("plan", help="loading cost model: predict, calibrate against the bench, project")
+    parser = subparsers.add_parser("plan", help="loading cost model: one launch's figures, published models projected")
     modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
 
     launch = modes.add_parser("launch", help="per-rank figures for one launch")
@@ -162,11 +138,6 @@ def add_parser(subparsers: Any) -> None:
     )
     launch.add_argument("--json", action="store_true")
     launch.set_defaults(handler=_run_launch)
-
-    cal = modes.add_parser("calibrate", help="predictions beside a `loadpolicy dev bench` run's measurements")
-    cal.add_argument("--bench", type=Path, default=Path("build/bench"), help="the bench's output directory")
-    cal.add_argument("--out", type=Path, default=Path("build/plan"))
-    cal.set_defaults(handler=_run_calibrate)
 
     proj = modes.add_parser("project", help="published MoE models at 4-64 GPU ranks, every policy")
     proj.add_argument("--models", nargs="+", choices=sorted(PUBLISHED), default=list(PUBLISHED))

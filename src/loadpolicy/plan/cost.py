@@ -1,20 +1,9 @@
 """The loading cost model: what `from_pretrained` reads and holds on each rank, per policy, from an inventory alone.
 
-Each figure follows what transformers 5.23.0 (and the series) do while loading, phase by phase:
-
-- Zero3Init: the model is built under `zero.Init`, so each rank holds a 1/W partition of every tensor from the start;
-  rank 0 alone maps the whole checkpoint (`map_location="cpu"`, the others read only headers), merges one converted
-  group (one layer's experts) at a time, and for each module the ZeRO-3 loader gathers the module's own parameters
-  whole on every rank (`GatheredParameters(modifier_rank=0)`) while rank 0 copies them in. With partition reads
-  no rank maps anything: each reads only its 1/W of every tensor, straight into its partition;
-  `zero.Init` still builds each module whole before partitioning it (the fork skips its broadcast).
-- MetaShardOnRead and EPMeta: the model is built on meta; every rank maps the checkpoint and reads only the bytes of
-  the tensors it keeps (its experts, its TP slice, every whole tensor), copies them out of the mapping, and stacks
-  per-expert checkpoint keys into its local expert shard (one layer at a time). The mapped pages stay resident
-  (file-backed) until loading closes the files.
-
-Figures exclude the baseline (a process that imported everything and loaded nothing); host peaks add it back.
-On a CPU launch "device" memory is host memory, so it is counted in the host's anonymous memory.
+Pure: from an `Inventory` and a `Launch`, each rank class's bytes read, host (anonymous, file-backed) and device peaks,
+and what it holds, each with its reason, following what transformers 5.23.0 and the series do phase by phase. Figures
+exclude the baseline (host peaks add it back); on a CPU launch device memory counts as host anonymous memory. The
+phases and the calibration: docs/scaling.md.
 """
 
 from __future__ import annotations

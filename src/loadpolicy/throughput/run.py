@@ -1,15 +1,9 @@
 """`loadpolicy dev throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
 
-Four ways on the same checkpoint, world and ep (`throughput.worker`): EPMeta with token dispatch, EPMeta as 5.23.0
-spells EP (tp = ep, a shared batch per EP group), DeepSpeed AutoEP, and plain ZeRO-3 without EP. Per way: tokens/s per
-rank over the measured steps (distinct tokens the world trained, over the world and the step time of the slowest
-rank), where a step's time goes, seconds in each collective of one profiled step, and the peak RSS while training.
-
-Judged, every run: every way completes on its tree with its policy, and the ways that train the same data (dispatch,
-AutoEP, ZeRO-3) train alike: at every step, warm-up included, the loss averaged over the ranks equals that of the
-round's reference (plain ZeRO-3 on the stock tree when it ran, else the first of the others) within `LOSS_BOUND`
-relative, NaN failing; a same-data way with nothing to compare with fails the run. Rounds alternate the order of the
-ways. Speed goals are read off the table, never asserted.
+Launches `throughput.worker` for every way (`cases.Way`) on the same checkpoint, world and ep, and tabulates
+tokens/s per rank, where a step's time goes, the collectives and the peak RSS. The judge fails a run whose ways train
+the same data but whose losses differ by more than `LOSS_BOUND`; speed is reported, never asserted. Method and
+results: docs/training.md.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from typing import Literal
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel
 from loadpolicy.bench.models import build as build_model
 from loadpolicy.errors import positive_int
-from loadpolicy.harness.launch import ValidationFailedError, add_launch_arguments, launch_worker
+from loadpolicy.harness.launch import ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.shape import LaunchShape
 from loadpolicy.throughput.cases import SAME_DATA, Way
@@ -191,7 +185,7 @@ def throughput(
             }
             start = time.monotonic()
             directory = out / "runs" / (f"{way}-ep{ep}" + (f"-{repeat}" if repeats > 1 else ""))
-            result = launch_worker(WORKER, spec, trees[way.tree], directory, ranks, timeout, ThroughputRank)
+            result = read_results(launch(WORKER, spec, trees[way.tree], directory, ranks, timeout), ThroughputRank)
             seconds = time.monotonic() - start
             row = (
                 Row(way, ranks, ep, seconds, error=result, repeat=repeat)

@@ -1,16 +1,8 @@
 """One rank of the training-throughput benchmark: load one way, `deepspeed.initialize`, train, time every step.
 
-`python -m loadpolicy.throughput.worker SPEC OUT` under torchrun. SPEC["way"] is how the MoE model is trained:
-
-- `dispatch`: EPMeta with token dispatch, `DistributedConfig(fsdp_size=W, ep_size=E)` (patched tree): every rank its
-  own batch, tokens sent to their experts by all-to-all;
-- `tp_ep`: EPMeta as 5.23.0 spells EP, `DistributedConfig(tp_size=E, ep_size=E[, dp_replicate_size=W/E])` (patched
-  tree): the E ranks of a group share a batch, experts combined by all-reduce;
-- `autoep`: DeepSpeed AutoEP (stock tree, loaded through `zero.Init`, experts swapped in `deepspeed.initialize`);
-- `zero3`: plain ZeRO-3 without EP (stock tree): every rank its own batch, every expert gathered where it runs.
-
-Every way trains the same global batches: `batches` distinct micro-batches per step (one per rank, or one per EP group
-for `tp_ep`), drawn from one seeded generator. Writes OUT/rank<R>.json (`results.ThroughputRank`).
+`python -m loadpolicy.throughput.worker SPEC OUT` under torchrun. SPEC["way"] is `dispatch`, `tp_ep`, `autoep` or
+`zero3` (`cases.Way`). Every way trains the same seeded global batches. Writes OUT/rank<R>.json
+(`contract.ThroughputRank`). The ways and the results: docs/training.md.
 """
 
 from __future__ import annotations
@@ -80,6 +72,7 @@ def distinct_batches(spec: ThroughputSpec, world: int) -> int:
 
 
 def step_batches(spec: ThroughputSpec, world: int, step: int) -> Any:
+    # Seeded per step: every way trains the same global batches, so the judge can compare their losses
     generator = torch.Generator().manual_seed(1000 + step)
     shape = (distinct_batches(spec, world), spec["micro_batch"], spec["sequence"])
     return torch.randint(0, spec["vocab_size"], shape, generator=generator)
