@@ -19,6 +19,7 @@ from loadpolicy.explain import explain
 from loadpolicy.launch_inputs import read_launch
 from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadPolicyError, parse_policy_name
+from loadpolicy.save import run as save_command
 from loadpolicy.sizes import RawSizes
 from loadpolicy.throughput import run as throughput_command
 from loadpolicy.upstream import commands as upstream_commands
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate_command.add_parser(dev)
     autoep_command.add_parser(dev)
     throughput_command.add_parser(dev)
+    save_command.add_parser(dev)
     return parser
 
 

@@ -15,6 +15,7 @@ from loadpolicy.policy import (
     LoadInputs,
     LoadPolicy,
     MissingKeys,
+    SavingBranch,
     WeightInit,
     decision_table,
     explain_selection,
@@ -43,6 +44,8 @@ _MEANING: dict[enum.Enum | bool, str] = {
     DenseWeights.LEFT_TO_ZERO3: "no TP plan: ZeRO-3 partitions dense weights (at load when it reads partitions)",
     AfterLoading.AS_LOADED: "return the model as loaded",
     AfterLoading.DEEPSPEED_EXPERT_GROUPS: "expert shards become plain parameters in DeepSpeed's expert groups",
+    SavingBranch.GATHER_TO_WRITER: "save_pretrained gathers every parameter whole to the writing rank",
+    SavingBranch.ZERO3_WRITE_PARTITIONS: "save_pretrained: every rank writes its own partitions into the files",
 }
 
 

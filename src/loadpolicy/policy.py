@@ -46,6 +46,7 @@ __all__ = [
     "MissingKeys",
     "ParallelSizes",
     "PolicyName",
+    "SavingBranch",
     "WeightInit",
     "Zero3Init",
     "check_ranks_agree",
@@ -147,6 +148,15 @@ class AfterLoading(enum.Enum):
     DEEPSPEED_EXPERT_GROUPS = "deepspeed_expert_groups"
 
 
+class SavingBranch(enum.Enum):
+    """Gate 8: how `save_pretrained` writes the weights (the same partitions the loader read, or gathered whole)."""
+
+    # every parameter gathered whole to the writing rank, which writes the files
+    GATHER_TO_WRITER = "gather_to_writer"
+    # every rank writes its own ZeRO-3 partition of each parameter into the safetensors files: nothing gathered
+    ZERO3_WRITE_PARTITIONS = "zero3_write_partitions"
+
+
 @dataclass(frozen=True, slots=True)
 class Zero3Init:
     """Dense ZeRO-3: build under `deepspeed.zero.Init`; every rank reads its partitions, or rank 0 copies all."""
@@ -172,6 +182,11 @@ class Zero3Init:
     def loading_branch(self) -> LoadingBranch:
         return LoadingBranch.ZERO3_READ_PARTITIONS if self.reads_partitions else LoadingBranch.ZERO3_GATHER_AND_COPY
 
+    @property
+    def saving_branch(self) -> SavingBranch:
+        # the partitions the loader could read by range can be written by range
+        return SavingBranch.ZERO3_WRITE_PARTITIONS if self.reads_partitions else SavingBranch.GATHER_TO_WRITER
+
 
 @dataclass(frozen=True, slots=True)
 class MetaShardOnRead:
@@ -187,6 +202,7 @@ class MetaShardOnRead:
     weight_init: ClassVar[WeightInit] = WeightInit.PLAIN
     dense_weights: ClassVar[DenseWeights] = DenseWeights.AS_PLANNED
     after_loading: ClassVar[AfterLoading] = AfterLoading.AS_LOADED
+    saving_branch: ClassVar[SavingBranch] = SavingBranch.GATHER_TO_WRITER
 
     @property
     def init_context(self) -> InitContext:
@@ -228,6 +244,10 @@ class EPMeta:
     @property
     def weight_init(self) -> WeightInit:
         return WeightInit.GATHERED if self.reads_partitions else WeightInit.PLAIN
+
+    @property
+    def saving_branch(self) -> SavingBranch:
+        return SavingBranch.ZERO3_WRITE_PARTITIONS if self.reads_partitions else SavingBranch.GATHER_TO_WRITER
 
 
 LoadPolicy = Zero3Init | MetaShardOnRead | EPMeta
@@ -450,6 +470,7 @@ def decision_table(policy: LoadPolicy) -> dict[str, enum.Enum | bool]:
                 "weight_init": policy.weight_init,
                 "dense_weights": policy.dense_weights,
                 "after_loading": policy.after_loading,
+                "saving_branch": policy.saving_branch,
             }
         case _:
             assert_never(policy)

@@ -30,6 +30,7 @@ LAYERS = {
     "bench": 5,
     "autoep": 5,  # reuses parity's training loop and judges
     "throughput": 6,  # trains AutoEP as one of its ways
+    "save": 5,  # saves the bench's models
     "plan": 1,  # a pure model of a launch
     "validate": 7,
     "cli": 8,

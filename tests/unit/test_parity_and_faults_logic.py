@@ -164,7 +164,7 @@ def reloaded_export() -> dict[str, Any]:
 
 
 def saved_ranks() -> list[dict[str, Any]]:
-    return [rank_result(rank) | {"export": {"save_peak_rise_mib": 1.0}} for rank in range(2)]
+    return [rank_result(rank) | {"export": {"save_peak_rise_mib": 1.0, "wrote_partitions": True}} for rank in range(2)]
 
 
 def test_export_passes_a_reload_equal_to_one_process() -> None:
@@ -189,6 +189,17 @@ def test_export_names_what_the_reload_got_wrong(change: Any, needle: str) -> Non
     change(reload)
     problems = compare_export(single(), reload, saved_ranks())
     assert any(needle in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize("wrote", [False, None])
+def test_export_fails_a_rank_that_gathered_instead_of_writing_its_partitions(wrote: bool | None) -> None:
+    ranks = saved_ranks()
+    if wrote is None:
+        del ranks[0]["export"]["wrote_partitions"]
+    else:
+        ranks[0]["export"]["wrote_partitions"] = wrote
+    problems = compare_export(single(), reloaded_export(), ranks)
+    assert problems == ["rank 0: saved by gathering, not by writing its own partitions"]
 
 
 def test_export_fails_a_rank_without_a_record_of_saving() -> None:

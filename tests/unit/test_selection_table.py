@@ -24,6 +24,7 @@ from loadpolicy.policy import (
     MissingKeys,
     ParallelSizes,
     PolicyName,
+    SavingBranch,
     WeightInit,
     Zero3Init,
     decision_table,
@@ -47,6 +48,8 @@ def decisions(
         # and returns the model as loaded.
         "dense_weights": DenseWeights.AS_PLANNED,
         "after_loading": AfterLoading.AS_LOADED,
+        # 8: stock gathers to the writing rank (`accelerator.get_state_dict`, the TP/FSDP gathers of save_pretrained)
+        "saving_branch": SavingBranch.GATHER_TO_WRITER,
     }
 
 
@@ -70,8 +73,12 @@ ZERO3 = decisions(
 )
 # Inside an outer zero.Init (`_is_ds_init_called`): nothing added at 3815, everything else as dense ZeRO-3.
 ZERO3_OUTER = ZERO3 | {"init_context": InitContext.OUTER_ZERO3_INIT}
-# Not stock (issue 18): dense ZeRO-3 where DeepSpeed keeps flat partitions: each rank reads its own from the files.
-ZERO3_READS = ZERO3 | {"loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS}
+# Not stock: dense ZeRO-3 where DeepSpeed keeps flat partitions: each rank reads its own from the files, and writes
+# its own into them when saving.
+ZERO3_READS = ZERO3 | {
+    "loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS,
+    "saving_branch": SavingBranch.ZERO3_WRITE_PARTITIONS,
+}
 # ZeRO-3 + quantized: meta + set_quantized_state (3827-3828), device_map still refused (136 has no quantized check),
 # and every `and not is_quantized` sends the rest down the standard path.
 ZERO3_QUANTIZED = STANDARD | {"init_context": InitContext.META_QUANTIZED, "device_map": DeviceMapRule.REFUSE}
@@ -82,12 +89,13 @@ EP_ZERO3 = STANDARD | {
     "dense_weights": DenseWeights.LEFT_TO_ZERO3,
     "after_loading": AfterLoading.DEEPSPEED_EXPERT_GROUPS,
 }
-# Not stock (issue 18): EP under ZeRO-3 where DeepSpeed keeps flat partitions: the meta model is partitioned before
-# reading (dense weights over the world, experts over their expert data-parallel group): later gates are ZeRO-3's.
+# Not stock: EP under ZeRO-3 where DeepSpeed keeps flat partitions: the meta model is partitioned before reading
+# (dense weights over the world, experts over their expert data-parallel group): later gates are ZeRO-3's.
 EP_ZERO3_READS = EP_ZERO3 | {
     "loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS,
     "missing_keys": MissingKeys.LEAVE_TO_ZERO3,
     "weight_init": WeightInit.GATHERED,
+    "saving_branch": SavingBranch.ZERO3_WRITE_PARTITIONS,
 }
 
 SCENARIOS = [

@@ -41,7 +41,8 @@ def _carried_upstream(tmp_path: Path) -> ModuleType:
     return module
 
 
-# Every decision policy.py's table names, but gate 7 (what happens after loading, added later in the EP PR)
+# Every decision policy.py's table names, but gate 7 (what happens after loading, added later in the EP PR); gate 8
+# (saving) is compared where the stack carries it
 DECISIONS = tuple(name for name in policy.decision_table(policy.EPMeta(ep_size=2)) if name != "after_loading")
 
 

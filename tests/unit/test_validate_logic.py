@@ -55,6 +55,7 @@ def good_ep_result(rank: int) -> dict[str, Any]:
         },
         "dense_unequal": [],
         "max_abs_diff": 3e-8,
+        "saved_unequal": [],
     }
 
 
@@ -90,6 +91,10 @@ def test_judge_passes_a_correct_ep_load() -> None:
         ({"dense_unequal": ["model.embed_tokens.weight"]}, "parameters outside the experts differ"),
         ({"loading_branch": "shard_on_read"}, "loading branch shard_on_read, expected zero3_read_partitions"),
         ({"partitioned": 6}, "only 6/10 parameters partitioned"),
+        (
+            {"saved_unequal": ["model.layers.0.mlp.experts.3.up_proj.weight"]},
+            "saved tensors differ from the checkpoint",
+        ),
         ({"error": "ValueError: boom"}, "rank 1: ValueError: boom"),
     ],
 )
@@ -99,7 +104,7 @@ def test_judge_fails_and_says_which_rank_and_why(change: dict[str, Any], needle:
     assert needle in outcome.detail
 
 
-@pytest.mark.parametrize("field", ["dense_unequal", "max_abs_diff"])
+@pytest.mark.parametrize("field", ["dense_unequal", "max_abs_diff", "saved_unequal"])
 def test_a_missing_figure_fails(field: str) -> None:
     results = ranks_with()
     target = results[1]

@@ -24,6 +24,7 @@ from loadpolicy.policy import (
     MissingKeys,
     ParallelSizes,
     PolicyName,
+    SavingBranch,
     WeightInit,
     Zero3Init,
     check_ranks_agree,
@@ -143,6 +144,7 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
         "weight_init",
         "dense_weights",
         "after_loading",
+        "saving_branch",
     }
     assert load_inputs.requested in (None, policy.name)
     # zero.Init only with a ZeRO-3 config, never for a quantized model, never with EP (it would partition experts).
@@ -169,6 +171,9 @@ def test_selection_invariants(load_inputs: LoadInputs) -> None:
     # Only EPMeta leaves dense weights to ZeRO-3 and hands expert shards to DeepSpeed, and it always does both.
     handed = policy.after_loading is AfterLoading.DEEPSPEED_EXPERT_GROUPS
     assert handed == isinstance(policy, EPMeta) == (policy.dense_weights is DenseWeights.LEFT_TO_ZERO3)
+    # A save writes partitions exactly where the load read them: both need ZeRO-3's flat partition layout.
+    writes = policy.saving_branch is SavingBranch.ZERO3_WRITE_PARTITIONS
+    assert writes == (policy.loading_branch is LoadingBranch.ZERO3_READ_PARTITIONS)
 
 
 # What a launch's environment says that the selector must not read: it decides from its inputs alone

@@ -38,6 +38,9 @@ class LoadCheck(TypedDict, total=False):
     experts: dict[str, ExpertSlice]
     # max |logits - stock one-process logits| on the same tokens
     max_abs_diff: float
+    # where the policy writes partitions when saving: names whose saved tensor is not the checkpoint's (or is missing
+    # or extra), after `save_pretrained` on every rank
+    saved_unequal: list[str]
     # a failed load: the exception, where the rank was, and the traceback's tail
     error: str
     stage: str

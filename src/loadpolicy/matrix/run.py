@@ -175,10 +175,13 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
         branch = LoadingBranch.ZERO3_READ_PARTITIONS.value if run.tree is Tree.PATCHED else None
         problems += _partition_problems(result, branch)
         problems += _unequal_problems(result, "gathered_unequal", "gathered values")
+        if run.tree is Tree.PATCHED:
+            problems += _saved_problems(result)
         return problems
     if run.spec.patched_policy is PolicyName.EP_META and run.tree is Tree.PATCHED:
         # The patched tree partitions the meta model before reading: nothing left whole for DeepSpeed
         problems += _partition_problems(result, LoadingBranch.ZERO3_READ_PARTITIONS.value)
+        problems += _saved_problems(result)
     problems += _unequal_problems(result, "dense_unequal", "parameters outside the experts")
     if run.spec.layout is not EPLayout.NONE:
         if not result.get("experts"):
@@ -190,6 +193,16 @@ def _placement_problems(run: Run, result: LoadCheck) -> list[str]:
             if not expert["equal"]:
                 problems.append(f"{name}: not this rank's slice of the checkpoint")
     return problems
+
+
+def _saved_problems(result: LoadCheck) -> list[str]:
+    """Where partitions were read, each rank writes its own when saving: the files must hold the checkpoint's tensors
+    under its names; a missing field fails (nothing was saved or compared)."""
+    if "saved_unequal" not in result:
+        return ["save_pretrained's files were not compared with the checkpoint (no 'saved_unequal')"]
+    if result["saved_unequal"]:
+        return [f"saved tensors differ from the checkpoint's: {result['saved_unequal'][:3]}"]
+    return []
 
 
 def _partition_problems(result: LoadCheck, branch: str | None) -> list[str]:

@@ -97,7 +97,27 @@ def _check(rank: Rank, spec: MatrixSpec, case: MatrixCase, reference: dict[str, 
         with torch.no_grad():
             logits = _local(model_output(model(input_ids=ids))).cpu()
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
+    saving = getattr(policy, "saving_branch", None)
+    if saving is not None and saving.value == "zero3_write_partitions":
+        rank.stage(f"{case['arch']}: save_pretrained")
+        result["saved_unequal"] = _saved_unequal(model, Path(case["checkpoint"]), rank.out / f"saved-{case['arch']}")
     return result
+
+
+def _saved_unequal(model: Any, checkpoint: Path, directory: Path) -> list[str]:
+    """Save on every rank (each writes its partitions), then the names whose tensors differ from the checkpoint's own
+    (nothing was trained: the files must hold the checkpoint), or are missing or extra on either side."""
+    import torch
+    from safetensors.torch import load_file
+
+    model.save_pretrained(directory)
+
+    def tensors(where: Path) -> dict[str, Any]:
+        return {k: v for f in sorted(where.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+    saved, expected = tensors(directory), tensors(checkpoint)
+    differing = [n for n in expected if n in saved and not torch.equal(saved[n], expected[n])]
+    return sorted(set(saved) ^ set(expected)) + differing
 
 
 def _compare_expert_shards(

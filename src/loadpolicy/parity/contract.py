@@ -24,6 +24,7 @@ class Export(TypedDict):
     """Saving a Hub checkpoint on this rank: how far its resident memory rose."""
 
     save_peak_rise_mib: float
+    wrote_partitions: bool  # saved through the policy's partition writes, not gathered
 
 
 class SavedCheckpoint(TypedDict):

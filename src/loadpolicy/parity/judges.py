@@ -133,6 +133,11 @@ def checkpoint_problems(results: list[TrainedRank]) -> list[str]:
 def compare_export(single: SingleRun, reload: Reloaded, results: list[TrainedRank]) -> list[str]:
     """Judge a reloaded export against the single process. A missing field or a NaN fails."""
     problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
+    problems += [
+        f"rank {rank}: saved by gathering, not by writing its own partitions"
+        for rank, r in enumerate(results)
+        if "export" in r and r["export"].get("wrote_partitions") is not True
+    ]
     problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
     problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))
     problems += _names_differ("reloaded parameters", set(reload["weights"]), set(single["weights"]))

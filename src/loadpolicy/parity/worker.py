@@ -164,12 +164,26 @@ def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) 
 
 
 def _export(spec: ParitySpec, stage: Stage, save: Callable[[str], None]) -> Export:
-    """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving."""
+    """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving,
+    and whether it wrote its own partitions (the patched tree's saving branch) rather than gathering."""
+    from transformers.integrations import deepspeed_partition_writes  # noqa: PLC0415  # the patched tree's
+
     stage("save hub checkpoint")
+    written: list[bool] = []
+    write_partitions = deepspeed_partition_writes._write_partitions
+
+    def counted(*args: Any) -> None:
+        written.append(True)
+        write_partitions(*args)
+
+    deepspeed_partition_writes._write_partitions = counted
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     before = memory_status()["VmRSS"]
-    save(spec["export_dir"])
-    return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20}
+    try:
+        save(spec["export_dir"])
+    finally:
+        deepspeed_partition_writes._write_partitions = write_partitions
+    return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20, "wrote_partitions": bool(written)}
 
 
 def _reload(spec: ParitySpec, stage: Stage) -> Reloaded:
@@ -271,11 +285,10 @@ def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
     if spec["export_dir"]:
 
         def save(directory: str) -> None:
+            # Without `state_dict=accelerator.get_state_dict(engine)`, which has DeepSpeed gather the model first:
+            # every rank then writes its own partitions
             accelerator.unwrap_model(engine).save_pretrained(
-                directory,
-                is_main_process=accelerator.is_main_process,
-                save_function=accelerator.save,
-                state_dict=accelerator.get_state_dict(engine),
+                directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
             )
 
         result["export"] = _export(spec, stage, save)
