@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,6 +91,9 @@ def save_bench(
                 "distributed": shape(model, ranks).distributed_config(),
                 "directory": str(directory),
             }
+            # No dirty pages of an earlier launch (the checkpoint just built, a save without fsync) written back while
+            # this one is timed
+            os.sync()
             launched = launch(WORKER, spec, trees[Tree.PATCHED], out / "runs" / directory.name, ranks, timeout)
             row = _row(model, ranks, way, read_results(launched, SaveMeasurement))
             shutil.rmtree(directory, ignore_errors=True)  # a checkpoint's worth of disk per way

@@ -25,7 +25,8 @@ from loadpolicy.faults.run import build_fault_checkpoints
 from loadpolicy.harness.launch import Tree, add_launch_arguments
 from loadpolicy.matrix.run import prepare_matrix
 from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target
-from loadpolicy.validate.mutations import MUTATIONS, Mutation
+from loadpolicy.validate.mutation import Mutation
+from loadpolicy.validate.mutations import MUTATIONS
 
 
 class Outcome(enum.StrEnum):

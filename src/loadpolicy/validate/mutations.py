@@ -3,8 +3,6 @@ reason it must be caught for."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from loadpolicy.validate.checks import (
     COMPOSITE_EP_LOAD,
     DENSE_ZERO3,
@@ -15,23 +13,12 @@ from loadpolicy.validate.checks import (
     QUANTIZED,
     SGD,
     UNITS,
-    Check,
     Target,
     fault,
     in_tree,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Mutation:
-    name: str
-    breaks: str  # the behaviour, in words
-    target: Target
-    path: str
-    old: str
-    new: str
-    check: Check
-    expects: str  # a pattern (re.search) the check's failure must contain: the judge and message that catch it
+from loadpolicy.validate.mutation import Mutation
+from loadpolicy.validate.mutations_saving import SAVING_MUTATIONS
 
 
 # conversion_mapping.py's mixtral entry: the gate (w1) and up (w3) projections merged into gate_up_proj, in this order
@@ -387,4 +374,5 @@ MUTATIONS = (
         'expected an error with \\"ValueError: The checkpoint lacks .*got'
         " RuntimeError: You set `ignore_mismatched_sizes`",
     ),
+    *SAVING_MUTATIONS,
 )
