@@ -205,6 +205,8 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "export_dir": "",
             "save_steps": 0,
             "resume_from": "",
+            "offload": False,
+            "distributed_reference": False,
         }
         # The reference runs on the stock tree (not the code under test), as in parity.
         directory = out / "runs" / arch

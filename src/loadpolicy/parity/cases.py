@@ -20,6 +20,8 @@ class Trainer(enum.StrEnum):
     DEEPSPEED = "deepspeed"  # deepspeed.initialize under torchrun
     ACCELERATE = "accelerate"  # Accelerator().prepare under accelerate launch
     HF_TRAINER = "trainer"  # transformers.Trainer(deepspeed=...) under torchrun
+    # TRL's SFTTrainer (a Trainer) under torchrun, as users fine-tune; it turns the MoE load-balancing loss on
+    TRL_SFT = "trl"
 
     @property
     def steps(self) -> int:
@@ -49,6 +51,9 @@ class ParityCase:
     export: bool = False
     # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
     resume: bool = False
+    # ZeRO-3 offloads parameters and optimizer states to the CPU (`offload_param`, `offload_optimizer`): what users
+    # turn on when the model does not fit; the load still reads partitions and training must match one process
+    offload: bool = False
 
     @property
     def steps(self) -> int:
@@ -69,12 +74,23 @@ class ParityCase:
         extra += " | token dispatch (every rank its own batch)" if self.dispatch else ""
         extra += " | save_pretrained -> reload" if self.export else ""
         extra += " | resume after 2 of 4 steps" if self.resume else ""
+        extra += " | parameters and optimizer offloaded to the CPU" if self.offload else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
         )
 
 
+# The recipes users run. TRL's SFTTrainer against the same recipe under stock dense ZeRO-3 on as many ranks, with SGD:
+# AdamW's first step turns float noise in near-zero expert gradients into full-size updates. ZeRO-3 offloading
+# parameters and optimizer states to the CPU, against one process.
+RECIPES = (
+    ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, export=True),
+    ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, offload=True, export=True),
+    ParityCase("qwen3_moe", 4, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, offload=True),
+    ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, offload=True, export=True),
+)
 TOKEN_DISPATCH = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
     ParityCase("mixtral", 2, Trainer.DEEPSPEED, checkpoint=True, dispatch=True),
@@ -118,6 +134,7 @@ PARITY_FULL = (
     # token dispatch: every rank its own micro-batch, tokens sent to their experts by all-to-all, ZeRO-3 owning the
     # fsdp ranks; W = 2 and 4 with ep = W, and W = 4 with ep = 2 (2 ranks hold each expert: efsdp = 2)
     *TOKEN_DISPATCH,
+    *RECIPES,
 )
 # Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
 # training that saves has one export case here.
@@ -140,4 +157,5 @@ PARITY_MAIN = (
     ParityCase("qwen3_moe", 2, Trainer.ACCELERATE, dispatch=True, export=True),
     ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
     ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
+    *RECIPES[:2],
 )

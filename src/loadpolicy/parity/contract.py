@@ -80,3 +80,8 @@ class ParitySpec(TypedDict):
     export_dir: str  # "" for none: where the trained model is saved for the Hub
     save_steps: int  # 0 for none: the Trainer's checkpoint interval
     resume_from: str  # "" for none: the Trainer checkpoint a resumed launch starts from
+    offload: bool  # ZeRO-3 offloads parameters and optimizer states to the CPU
+    # the reference is the same recipe under stock dense ZeRO-3 on as many ranks, not one process: TRL turns the MoE
+    # load-balancing loss on, computed per micro-batch and scaled by the Trainer with the ranks' token count, which
+    # one process on the global batch does not reproduce
+    distributed_reference: bool

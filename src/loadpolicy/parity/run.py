@@ -16,7 +16,7 @@ from typing import Any
 
 from loadpolicy.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree, launch
 from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
-from loadpolicy.parity.cases import ParityCase
+from loadpolicy.parity.cases import ParityCase, Trainer
 from loadpolicy.parity.contract import ParitySpec, Reloaded, SingleRun, TrainedRank
 from loadpolicy.parity.judges import (
     FROZEN,
@@ -56,7 +56,7 @@ def run_parity(
     spec = _worker_spec(case, checkpoints, out)
     start = time.monotonic()
     known = {} if references is None else references
-    reference, error = _reference(spec, trees[Tree.STOCK], out / "single", timeout, known)
+    reference, error = _reference(spec, case.ranks, trees[Tree.STOCK], out / "single", timeout, known)
     if error is None:
         error = _run_case(case, spec, trees[case.tree], out, timeout)
     if error is not None:
@@ -108,23 +108,29 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
         "export_dir": str((out / "export").resolve()) if case.export else "",
         "save_steps": RESUME_AFTER if case.resume else 0,
         "resume_from": "",
+        "offload": case.offload,
+        "distributed_reference": case.trainer is Trainer.TRL_SFT,
     }
 
 
 # What a spec holds only for the distributed run: the one-process reference trains the same without them.
-_CASE_ONLY = ("mode", "checkpoint_dir", "export_dir", "save_steps", "resume_from")
+_CASE_ONLY = ("mode", "offload", "checkpoint_dir", "export_dir", "save_steps", "resume_from")
 
 
 def _reference(
-    spec: ParitySpec, stock: Path, directory: Path, timeout: float, references: dict[str, Path]
+    spec: ParitySpec, ranks: int, stock: Path, directory: Path, timeout: float, references: dict[str, Path]
 ) -> tuple[Path, str | None]:
-    """The single-process reference on the stock tree (not the code under test): its directory, and why it did not
-    complete. A reference already run for the same training (model, steps, optimizer, clipping, frozen parameters,
-    batches) is reused."""
-    key = json.dumps({k: v for k, v in spec.items() if k not in _CASE_ONLY}, sort_keys=True)
+    """The reference on the stock tree (not the code under test): one process, or the same recipe under dense ZeRO-3
+    on `ranks` ranks where the spec asks for it; its directory, and why it did not complete. A reference already run
+    for the same training (model, steps, optimizer, clipping, frozen parameters, batches) is reused."""
+    shape = {"ranks": ranks} if spec["distributed_reference"] else {}
+    key = json.dumps({k: v for k, v in spec.items() if k not in _CASE_ONLY} | shape, sort_keys=True)
     if key in references:
         return references[key], None
-    error = _run_mode(spec, "single", 1, None, stock, directory, timeout)
+    if spec["distributed_reference"]:
+        error = _run_mode(spec, "trl_reference", ranks, None, stock, directory, timeout)
+    else:
+        error = _run_mode(spec, "single", 1, None, stock, directory, timeout)
     if error is None:
         references[key] = directory
     return directory, error

@@ -1,9 +1,9 @@
 """Train K steps on fixed data: once in a single process, once with EP under DeepSpeed ZeRO-3 (one rank each).
 
 `python -m loadpolicy.parity.worker SPEC OUT` in a single process, under torchrun or under `accelerate launch`.
-SPEC["mode"]: `single`, `deepspeed`, `accelerate`, `trainer` (how the EP model is trained) or `reload`. Nothing but
-`from_pretrained(distributed_config=...)` prepares the model: the patched tree hands the expert shards to DeepSpeed
-itself. Writes OUT/rank<R>.pt and OUT/rank<R>.stage. What is checked and the results: docs/validation.md.
+SPEC["mode"]: `single`, `deepspeed`, `accelerate`, `trainer`, `trl` (how the EP model is trained) or `reload`.
+Nothing but `from_pretrained(distributed_config=...)` prepares the model: the patched tree hands the expert shards to
+DeepSpeed itself. Writes OUT/rank<R>.pt and OUT/rank<R>.stage. What is checked and the results: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ def _freeze(model: Any, frozen: list[str]) -> None:
 
 
 def deepspeed_config(spec: ParitySpec, world: int) -> dict[str, Any]:
-    return {
-        # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
-        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+    # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
+    zero: dict[str, Any] = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    offload: dict[str, Any] = {}
+    if spec["offload"]:
+        zero |= {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+        offload = {"zero_force_ds_cpu_optimizer": False}  # the torch optimizer of the reference, not DeepSpeed's
+    return offload | {
+        "zero_optimization": zero,
         "train_batch_size": MICRO_BATCH * world,
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": 1,
@@ -123,7 +128,7 @@ def loaded_state(model: Any) -> dict[str, Any]:
         if n in experts
     }
     return {
-        "policy": type(model._load_policy).__name__,
+        "policy": type(getattr(model, "_load_policy", None)).__name__,  # NoneType on the stock tree
         "experts": experts,
         # gathered: with partition reads the shards are ZeRO-3 partitions over their expert data-parallel group already
         "before": {n: t for n, t in gathered_weights(model).items() if n in experts},
@@ -299,7 +304,18 @@ def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
     from transformers import TrainingArguments  # noqa: PLC0415
 
     ds_config = deepspeed_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
-    return TrainingArguments(
+    arguments: type[Any] = TrainingArguments
+    extra: dict[str, Any] = {}
+    if spec["mode"] in ("trl", "trl_reference"):
+        from trl import SFTConfig  # noqa: PLC0415
+
+        # the rows are token ids already: no chat template, no tokenizing, no truncation
+        arguments, extra = (
+            SFTConfig,
+            {"dataset_kwargs": {"skip_prepare_dataset": True}, "remove_unused_columns": False},
+        )
+    return arguments(
+        **extra,
         output_dir=str(out / "trainer"),
         deepspeed=ds_config,
         per_device_train_batch_size=MICRO_BATCH,
@@ -308,7 +324,7 @@ def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
         lr_scheduler_type="constant",
         weight_decay=0.0,
         max_grad_norm=spec["clip"],
-        optim="adamw_torch",
+        optim="sgd" if spec["optimizer"] == "sgd" else "adamw_torch",
         train_sampling_strategy="sequential",
         # resume cases: a checkpoint half-way (the HF weights and DeepSpeed's states), to resume from in a new launch
         save_strategy="steps" if spec["save_steps"] else "no",
@@ -319,17 +335,42 @@ def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
     )
 
 
+def _trainer_class(spec: ParitySpec, trainer: type[Any]) -> type[Any]:
+    """transformers' `Trainer`, or TRL's `SFTTrainer` (a `Trainer`) for the `trl` mode."""
+    if spec["mode"] not in ("trl", "trl_reference"):
+        return trainer
+    from trl import SFTTrainer  # noqa: PLC0415
+
+    sft_trainer: type[Any] = SFTTrainer
+    return sft_trainer
+
+
+def _sft_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows as TRL takes them: a `datasets.Dataset` of token ids (TRL's collator makes the labels), and a
+    word-level tokenizer over the 64 ids (TRL asks the tokenizer for its padding token; no row is padded)."""
+    from datasets import Dataset  # noqa: PLC0415
+    from tokenizers import Tokenizer, models  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    vocab = {f"t{i}": i for i in range(64)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0", eos_token="t1"
+    )
+    dataset = Dataset.from_list([{"input_ids": row["input_ids"].tolist()} for row in rows])
+    return {"train_dataset": dataset, "processing_class": tokenizer}
+
+
 def _trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank:
     from transformers import Trainer, TrainerCallback  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
     args = _training_arguments(spec, world, out)
     stage("from_pretrained")
-    model = load_ep(spec, world)
+    model = load_ep(spec, world) if spec["mode"] != "trl_reference" else _load_dense(spec)
     loaded = loaded_state(model)
     losses: list[float] = []
 
-    class RecordingTrainer(Trainer):  # type: ignore[misc]  # transformers is untyped here
+    class RecordingTrainer(_trainer_class(spec, Trainer)):  # type: ignore[misc]  # transformers is untyped here
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
             loss = super().compute_loss(*args, **kwargs)
             stage(f"step {len(losses)}")
@@ -345,7 +386,10 @@ def _trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank:
 
     # Sequential, in order: the Trainer hands replica d the d-th micro-batch of each global batch.
     rows = [{"input_ids": row, "labels": row} for batch in fixed_batches(spec, spec["steps"]) for row in batch]
-    trainer = RecordingTrainer(model=model, args=args, train_dataset=rows, callbacks=[ExpertCheck()])
+    data: dict[str, Any] = {"train_dataset": rows}
+    if spec["mode"] in ("trl", "trl_reference"):
+        data = _sft_data(rows)
+    trainer = RecordingTrainer(model=model, args=args, callbacks=[ExpertCheck()], **data)
     stage("trainer.train")
     # A resumed launch records only the steps after the checkpoint
     trainer.train(resume_from_checkpoint=spec["resume_from"] or None)
@@ -359,6 +403,26 @@ def _trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank:
     if spec["export_dir"]:
         result["export"] = _export(spec, stage, trainer.save_model)
     return result
+
+
+def _load_dense(spec: ParitySpec) -> Any:
+    """The model as stock dense ZeRO-3 loads it (the Trainer's arguments created the ZeRO-3 config already)."""
+    model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
+    model.train()
+    _freeze(model, spec["frozen"])
+    return model
+
+
+def _trl_reference(spec: ParitySpec, stage: Stage, out: Path) -> SingleRun:
+    """The TRL recipe under stock dense ZeRO-3 on as many ranks: the mean of the ranks' losses, the whole weights."""
+    import deepspeed  # noqa: PLC0415
+
+    # Up before the Trainer's arguments read the world size (a load with a distributed config brings it up itself)
+    deepspeed.init_distributed(dist_backend="gloo")
+    trained = _trainer(spec | {"export_dir": "", "save_steps": 0}, stage, out)
+    losses = torch.tensor(trained["losses"])
+    torch.distributed.all_reduce(losses)
+    return {"losses": (losses / torch.distributed.get_world_size()).tolist(), "weights": trained["weights"]}
 
 
 def _trained(
@@ -383,12 +447,16 @@ def _train(rank: Rank, spec: ParitySpec) -> SingleRun | TrainedRank | Reloaded:
             return _deepspeed(spec, rank.stage)
         case "accelerate":
             return _accelerate(spec, rank.stage)
-        case "trainer":
+        case "trainer" | "trl":
             return _trainer(spec, rank.stage, rank.out)
+        case "trl_reference":
+            return _trl_reference(spec, rank.stage, rank.out)
         case "reload":
             return _reload(spec, rank.stage)
         case mode:
-            raise ValueError(f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, reload")
+            raise ValueError(
+                f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, trl, trl_reference, reload"
+            )
 
 
 if __name__ == "__main__":
