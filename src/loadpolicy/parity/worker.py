@@ -45,7 +45,7 @@ def replica_batch(batch: Any, spec: ParitySpec, rank: int, world: int) -> Any:
     return batch[replica * MICRO_BATCH : (replica + 1) * MICRO_BATCH]
 
 
-def _freeze(model: Any, frozen: list[str]) -> None:
+def freeze(model: Any, frozen: list[str]) -> None:
     for name, param in model.named_parameters():
         if any(part in name for part in frozen):
             param.requires_grad_(False)
@@ -79,7 +79,7 @@ def make_optimizer(model: Any, spec: ParitySpec) -> Any:
 def train_single(spec: ParitySpec, stage: Stage) -> SingleRun:
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
-    _freeze(model, spec["frozen"])
+    freeze(model, spec["frozen"])
     optimizer = make_optimizer(model, spec)
     losses = []
     for step, ids in enumerate(fixed_batches(spec, spec["steps"])):
@@ -102,7 +102,7 @@ def load_ep(spec: ParitySpec, world: int) -> Any:
         spec["checkpoint"], dtype=torch.float32, distributed_config=DistributedConfig(**spec["distributed"])
     )
     model.train()
-    _freeze(model, spec["frozen"])
+    freeze(model, spec["frozen"])
     return model
 
 
@@ -137,7 +137,7 @@ def loaded_state(model: Any) -> dict[str, Any]:
     }
 
 
-def _unchanged(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
+def unchanged_experts(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
     """Every expert shard must survive the wrap bit for bit (no broadcast from rank 0, no repartition)."""
     after = gathered_weights(module)
     return {n: bool(torch.equal(loaded["before"][n], after[n])) for n in loaded["experts"]}
@@ -168,7 +168,7 @@ def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) 
     return losses
 
 
-def _export(spec: ParitySpec, stage: Stage, save: Callable[[str], None]) -> Export:
+def save_for_the_hub(spec: ParitySpec, stage: Stage, save: Callable[[str], None]) -> Export:
     """Save a Hub checkpoint the mode's way, on every rank; how much this rank's resident memory rose while saving,
     and whether it wrote its own partitions (the patched tree's saving branch) rather than gathering."""
     from transformers.integrations import deepspeed_partition_writes  # noqa: PLC0415  # the patched tree's
@@ -221,14 +221,14 @@ def _deepspeed(spec: ParitySpec, stage: Stage) -> TrainedRank:
     world = int(os.environ["WORLD_SIZE"])
     keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
     engine, loaded = _engine(spec, world, stage)
-    unchanged = _unchanged(loaded, engine.module)
+    unchanged = unchanged_experts(loaded, engine.module)
     rank = int(os.environ["RANK"])
     batches = [replica_batch(batch, spec, rank, world) for batch in fixed_batches(spec, spec["steps"] + 1)]
     losses = train_engine(engine, batches[:-1], stage)
     stage("gather")
-    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
+    result = trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
-        result["export"] = _export(spec, stage, engine.module.save_pretrained)
+        result["export"] = save_for_the_hub(spec, stage, engine.module.save_pretrained)
     if spec["checkpoint_dir"]:
         result["checkpoint"] = _save_and_reload(spec, world, engine, batches[-1], stage)
     return result
@@ -275,7 +275,7 @@ def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
     loaded = loaded_state(model)
     stage("accelerator.prepare")
     engine, optimizer = accelerator.prepare(model, make_optimizer(model, spec))
-    unchanged = _unchanged(loaded, engine.module)
+    unchanged = unchanged_experts(loaded, engine.module)
     losses = []
     for step, batch in enumerate(fixed_batches(spec, spec["steps"])):
         stage(f"step {step}")
@@ -286,7 +286,7 @@ def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
         optimizer.zero_grad()
         losses.append(loss.item())
     stage("gather")
-    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
+    result = trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
 
         def save(directory: str) -> None:
@@ -296,136 +296,11 @@ def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
                 directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
             )
 
-        result["export"] = _export(spec, stage, save)
+        result["export"] = save_for_the_hub(spec, stage, save)
     return result
 
 
-def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
-    from transformers import TrainingArguments  # noqa: PLC0415
-
-    ds_config = deepspeed_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
-    arguments: type[Any] = TrainingArguments
-    extra: dict[str, Any] = {}
-    if spec["mode"] in ("trl", "trl_reference"):
-        from trl import SFTConfig  # noqa: PLC0415
-
-        # the rows are token ids already: no chat template, no tokenizing, no truncation
-        arguments, extra = (
-            SFTConfig,
-            {"dataset_kwargs": {"skip_prepare_dataset": True}, "remove_unused_columns": False},
-        )
-    return arguments(
-        **extra,
-        output_dir=str(out / "trainer"),
-        deepspeed=ds_config,
-        per_device_train_batch_size=MICRO_BATCH,
-        max_steps=spec["steps"],
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=spec["clip"],
-        optim="sgd" if spec["optimizer"] == "sgd" else "adamw_torch",
-        train_sampling_strategy="sequential",
-        # resume cases: a checkpoint half-way (the HF weights and DeepSpeed's states), to resume from in a new launch
-        save_strategy="steps" if spec["save_steps"] else "no",
-        save_steps=spec["save_steps"] or 500,
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-
-
-def _trainer_class(spec: ParitySpec, trainer: type[Any]) -> type[Any]:
-    """transformers' `Trainer`, or TRL's `SFTTrainer` (a `Trainer`) for the `trl` mode."""
-    if spec["mode"] not in ("trl", "trl_reference"):
-        return trainer
-    from trl import SFTTrainer  # noqa: PLC0415
-
-    sft_trainer: type[Any] = SFTTrainer
-    return sft_trainer
-
-
-def _sft_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rows as TRL takes them: a `datasets.Dataset` of token ids (TRL's collator makes the labels), and a
-    word-level tokenizer over the 64 ids (TRL asks the tokenizer for its padding token; no row is padded)."""
-    from datasets import Dataset  # noqa: PLC0415
-    from tokenizers import Tokenizer, models  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
-
-    vocab = {f"t{i}": i for i in range(64)}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0", eos_token="t1"
-    )
-    dataset = Dataset.from_list([{"input_ids": row["input_ids"].tolist()} for row in rows])
-    return {"train_dataset": dataset, "processing_class": tokenizer}
-
-
-def _trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank:
-    from transformers import Trainer, TrainerCallback  # noqa: PLC0415
-
-    world = int(os.environ["WORLD_SIZE"])
-    args = _training_arguments(spec, world, out)
-    stage("from_pretrained")
-    model = load_ep(spec, world) if spec["mode"] != "trl_reference" else _load_dense(spec)
-    loaded = loaded_state(model)
-    losses: list[float] = []
-
-    class RecordingTrainer(_trainer_class(spec, Trainer)):  # type: ignore[misc]  # transformers is untyped here
-        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
-            loss = super().compute_loss(*args, **kwargs)
-            stage(f"step {len(losses)}")
-            losses.append(float((loss[0] if isinstance(loss, tuple) else loss).item()))
-            return loss
-
-    unchanged: dict[str, bool] = {}
-
-    class ExpertCheck(TrainerCallback):  # type: ignore[misc]
-        def on_train_begin(self, *args: Any, model: Any = None, **kwargs: Any) -> None:
-            # The Trainer has wrapped the model in DeepSpeed by now, before the first step.
-            unchanged.update(_unchanged(loaded, model))
-
-    # Sequential, in order: the Trainer hands replica d the d-th micro-batch of each global batch.
-    rows = [{"input_ids": row, "labels": row} for batch in fixed_batches(spec, spec["steps"]) for row in batch]
-    data: dict[str, Any] = {"train_dataset": rows}
-    if spec["mode"] in ("trl", "trl_reference"):
-        data = _sft_data(rows)
-    trainer = RecordingTrainer(model=model, args=args, callbacks=[ExpertCheck()], **data)
-    stage("trainer.train")
-    # A resumed launch records only the steps after the checkpoint
-    trainer.train(resume_from_checkpoint=spec["resume_from"] or None)
-    engine = trainer.model_wrapped
-    if engine is model or not hasattr(engine, "module"):
-        raise RuntimeError(
-            f"the Trainer did not wrap the model in DeepSpeed (model_wrapped is {type(engine).__name__})"
-        )
-    stage("gather")
-    result = _trained(loaded, unchanged, losses, gathered_weights(engine.module))
-    if spec["export_dir"]:
-        result["export"] = _export(spec, stage, trainer.save_model)
-    return result
-
-
-def _load_dense(spec: ParitySpec) -> Any:
-    """The model as stock dense ZeRO-3 loads it (the Trainer's arguments created the ZeRO-3 config already)."""
-    model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
-    model.train()
-    _freeze(model, spec["frozen"])
-    return model
-
-
-def _trl_reference(spec: ParitySpec, stage: Stage, out: Path) -> SingleRun:
-    """The TRL recipe under stock dense ZeRO-3 on as many ranks: the mean of the ranks' losses, the whole weights."""
-    import deepspeed  # noqa: PLC0415
-
-    # Up before the Trainer's arguments read the world size (a load with a distributed config brings it up itself)
-    deepspeed.init_distributed(dist_backend="gloo")
-    trained = _trainer(spec | {"export_dir": "", "save_steps": 0}, stage, out)
-    losses = torch.tensor(trained["losses"])
-    torch.distributed.all_reduce(losses)
-    return {"losses": (losses / torch.distributed.get_world_size()).tolist(), "weights": trained["weights"]}
-
-
-def _trained(
+def trained_rank(
     loaded: dict[str, Any], unchanged: dict[str, bool], losses: list[float], weights: dict[str, Any]
 ) -> TrainedRank:
     return {
@@ -448,9 +323,13 @@ def _train(rank: Rank, spec: ParitySpec) -> SingleRun | TrainedRank | Reloaded:
         case "accelerate":
             return _accelerate(spec, rank.stage)
         case "trainer" | "trl":
-            return _trainer(spec, rank.stage, rank.out)
+            from loadpolicy.parity.trainer_modes import train_with_trainer  # noqa: PLC0415  # imports this module
+
+            return train_with_trainer(spec, rank.stage, rank.out)
         case "trl_reference":
-            return _trl_reference(spec, rank.stage, rank.out)
+            from loadpolicy.parity.trainer_modes import trl_reference  # noqa: PLC0415
+
+            return trl_reference(spec, rank.stage, rank.out)
         case "reload":
             return _reload(spec, rank.stage)
         case mode:
