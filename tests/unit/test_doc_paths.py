@@ -29,7 +29,7 @@ TRANSFORMERS_TOPS = ("src/transformers", "tests/deepspeed", "tests/utils", "test
 # Not checked: transformers' docs/ (the PyPI sdist the series applies to carries none).
 UNCHECKED_TOPS = ("docs/source",)
 # DeepSpeed's tree: a path counts when a patch of the DeepSpeed series touches it (or a file under it)
-DEEPSPEED_TOPS = ("deepspeed/", "tests/unit/runtime", "tests/unit/moe")
+DEEPSPEED_TOPS = ("deepspeed/", "tests/unit/runtime", "tests/unit/moe", "tests/unit/checkpoint")
 _DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
 DEEPSPEED_TOUCHED = {
     match[1]

@@ -327,3 +327,21 @@ def test_a_failed_parity_case_or_bad_input_fails_the_whole_validation() -> None:
     passed, failed = ParityOutcome(case, 1.0, True, "ok"), ParityOutcome(case, 1.0, False, "losses differ")
     assert ValidationResults([], [passed]).unexpected() == []
     assert ValidationResults([], [passed, failed]).unexpected() == [failed]
+
+
+def test_the_trl_recipe_is_judged_against_stock_dense_zero3_on_as_many_ranks(tmp_path: Path) -> None:
+    """TRL's load-balancing loss is per micro-batch: one process on the global batch is not its reference."""
+    from loadpolicy.parity.run import _worker_spec
+
+    trl = ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True)
+    assert _worker_spec(trl, tmp_path, tmp_path)["distributed_reference"] is True
+    for way in (Trainer.DEEPSPEED, Trainer.ACCELERATE, Trainer.HF_TRAINER):
+        assert _worker_spec(ParityCase("qwen3_moe", 2, way), tmp_path, tmp_path)["distributed_reference"] is False
+
+
+def test_offload_is_a_case_only_input_the_one_process_reference_ignores(tmp_path: Path) -> None:
+    from loadpolicy.parity.run import _CASE_ONLY, _worker_spec
+
+    spec = _worker_spec(ParityCase("mixtral", 2, Trainer.DEEPSPEED, offload=True), tmp_path, tmp_path)
+    assert spec["offload"] is True
+    assert "offload" in _CASE_ONLY
