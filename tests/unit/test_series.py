@@ -129,7 +129,10 @@ def test_the_series_is_a_stack_of_pull_requests_then_the_fork_only_patches() -> 
     standalone = [series.needs_nothing(label) for label in labels]
     assert standalone[:5] == [True] * 5
     assert "PR 6: EP under ZeRO-3 loads and trains" in labels
-    assert not any(standalone[labels.index("PR 6: EP under ZeRO-3 loads and trains") :])
+    after_ep = standalone[labels.index("PR 6: EP under ZeRO-3 loads and trains") :]
+    # fixes found after the stack was cut come at its end: `Needs: none` lets a maintainer merge them at any point
+    trailing = next((i for i, alone in enumerate(reversed(after_ep)) if not alone), len(after_ep))
+    assert not any(after_ep[: len(after_ep) - trailing])
     ends = [end for _, end in series.pull_requests()]
     assert ends == sorted(ends)
     assert ends[-1] < len(series.names)  # the fork-only patches come last

@@ -25,9 +25,6 @@ from loadpolicy.save.contract import SaveMeasurement, SaveSpec
 from loadpolicy.units import GIB
 
 
-WORKER = "loadpolicy.save.worker"
-
-
 @dataclass(frozen=True, slots=True)
 class Row:
     model: str
@@ -94,7 +91,9 @@ def save_bench(
             # No dirty pages of an earlier launch (the checkpoint just built, a save without fsync) written back while
             # this one is timed
             os.sync()
-            launched = launch(WORKER, spec, trees[Tree.PATCHED], out / "runs" / directory.name, ranks, timeout)
+            launched = launch(
+                "loadpolicy.save.worker", spec, trees[Tree.PATCHED], out / "runs" / directory.name, ranks, timeout
+            )
             row = _row(model, ranks, way, read_results(launched, SaveMeasurement))
             shutil.rmtree(directory, ignore_errors=True)  # a checkpoint's worth of disk per way
             print(_line(row), flush=True)
