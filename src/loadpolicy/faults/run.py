@@ -98,19 +98,25 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "others_end": case.others_end,
     }
     launched = launch("loadpolicy.faults.worker", spec, tree, out, ranks, LAUNCH_BOUND, env=dict(case.env))
-    timed_out, left_running, wall = launched.timed_out, launched.left_running, launched.seconds
     results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
     per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
     # The ranks that must raise the error (the others of an `others_end` case end only once rank 0 has exited)
     seconds = [r["seconds"] for rank, r in enumerate(results) if r is not None and not (case.others_end and rank)]
-    problems = [launched.timeout_message()] if timed_out else []
-    problems += ["processes of the launch were still running after it exited"] if left_running else []
+    problems = [launched.timeout_message()] if launched.timed_out else []
+    problems += ["processes of the launch were still running after it exited"] if launched.left_running else []
     problems += _expectation_problems(case, bad, results, out)
     if case.error is not None and seconds and not (max(seconds) <= MAX_SECONDS_TO_ERROR):
         problems.append(f"slowest rank took {max(seconds):.1f}s > {MAX_SECONDS_TO_ERROR:.0f}s")
     detail = "; ".join(problems) or "as expected"
     return FaultOutcome(
-        case.name, ranks, not problems, per_rank, max(seconds) if seconds else None, wall, left_running, detail
+        case.name,
+        ranks,
+        not problems,
+        per_rank,
+        max(seconds) if seconds else None,
+        launched.seconds,
+        launched.left_running,
+        detail,
     )
 
 

@@ -26,13 +26,18 @@ from loadpolicy.parity.worker import (
 )
 
 
+def _trains_with_trl(spec: ParitySpec) -> bool:
+    """The TRL recipe, on the patched tree or as its reference under stock dense ZeRO-3."""
+    return spec["mode"] in ("trl", "trl_reference")
+
+
 def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
     from transformers import TrainingArguments  # noqa: PLC0415
 
     ds_config = deepspeed_config(spec, world) | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
     arguments: type[Any] = TrainingArguments
     extra: dict[str, Any] = {}
-    if spec["mode"] in ("trl", "trl_reference"):
+    if _trains_with_trl(spec):
         from trl import SFTConfig  # noqa: PLC0415
 
         # the rows are token ids already: no chat template, no tokenizing, no truncation
@@ -63,7 +68,7 @@ def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
 
 def _trainer_class(spec: ParitySpec, trainer: type[Any]) -> type[Any]:
     """transformers' `Trainer`, or TRL's `SFTTrainer` (a `Trainer`) for the `trl` mode."""
-    if spec["mode"] not in ("trl", "trl_reference"):
+    if not _trains_with_trl(spec):
         return trainer
     from trl import SFTTrainer  # noqa: PLC0415
 
@@ -113,7 +118,7 @@ def train_with_trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank
     # Sequential, in order: the Trainer hands replica d the d-th micro-batch of each global batch.
     rows = [{"input_ids": row, "labels": row} for batch in fixed_batches(spec, spec["steps"]) for row in batch]
     data: dict[str, Any] = {"train_dataset": rows}
-    if spec["mode"] in ("trl", "trl_reference"):
+    if _trains_with_trl(spec):
         data = _sft_data(rows)
     trainer = RecordingTrainer(model=model, args=args, callbacks=[ExpertCheck()], **data)
     stage("trainer.train")
