@@ -25,6 +25,7 @@ from loadpolicy.throughput import run as throughput_command
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command
+from loadpolicy.widths import run as widths_command
 
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     autoep_command.add_parser(dev)
     throughput_command.add_parser(dev)
     save_command.add_parser(dev)
+    widths_command.add_parser(dev)
     return parser
 
 

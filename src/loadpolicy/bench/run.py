@@ -35,7 +35,7 @@ def _applies(case: Case, model: BenchModel) -> bool:
     return not (case.moe_only and not model.moe) and not (case.dense_only and model.moe)
 
 
-def _reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
+def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
     path = out / "fingerprints.json"
     newest = max(f.stat().st_mtime for f in checkpoint.iterdir())
@@ -50,7 +50,8 @@ def _reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, 
     return path
 
 
-def _launch(spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
+def launch_load(spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
+    """One benchmark load from a cold page cache: every rank's measurement, or why the launch has none."""
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
     launched = launch("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, env=FIXED_MALLOC)
@@ -147,7 +148,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
         for model in models:
             path = build(model, out.resolve() / "checkpoints")
             params = parameter_count(path)
-            reference = _reference_file(
+            reference = reference_file(
                 path, model.model_class, trees[Tree.STOCK], out.resolve() / "fingerprints" / model.name, timeout
             )
             compared = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
@@ -164,7 +165,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                         "fingerprints": str(reference),
                     }
                     name = f"{model.name}-{case.policy}-{case.layout}-{ranks}-{repeat}"
-                    results = _launch(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
+                    results = launch_load(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
                     if isinstance(results, str):
                         error = results
                         break

@@ -1,0 +1,38 @@
+"""The ways a real-width checkpoint is read in one run: the cold-read limit, the transformers loads (the load
+benchmark's cases, EPMeta in both EP spellings) and the peer reader."""
+
+from __future__ import annotations
+
+import enum
+
+from loadpolicy.bench.cases import CASES, Case
+from loadpolicy.policy import LoadingBranch, PolicyName
+from loadpolicy.shape import EPLayout
+
+
+class Reader(enum.StrEnum):
+    """A launch that reads the checkpoint without transformers (`widths.worker`)."""
+
+    # every rank its own share with plain `preadv`: the limit
+    PREAD = "pread"
+    # torch DCP's HuggingFaceStorageReader into row-sharded DTensors: the peer
+    DCP = "dcp"
+
+
+_BY_LABEL = {case.label: case for case in CASES}
+LOADS: tuple[Case, ...] = (
+    _BY_LABEL["Zero3Init (stock)"],
+    _BY_LABEL["Zero3Init: partition reads"],
+    _BY_LABEL["EPMeta: partition reads"],
+    Case(
+        "EPMeta: token dispatch",
+        PolicyName.EP_META,
+        zero3=True,
+        layout=EPLayout.TOKEN_DISPATCH,
+        moe_only=True,
+        branch=LoadingBranch.ZERO3_READ_PARTITIONS,
+    ),
+    _BY_LABEL["MetaShardOnRead: plain EP"],
+)
+# the loads held to the goals (within 1.5x the limit, peak <= 1.05x (T/W + baseline)): those that read partitions
+PARTITION_READS = frozenset(case.label for case in LOADS if case.branch is LoadingBranch.ZERO3_READ_PARTITIONS)

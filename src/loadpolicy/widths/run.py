@@ -1,0 +1,327 @@
+"""`loadpolicy dev widths`: published MoE shapes at full width, each read every way in the same run.
+
+Per shape and rank count, from a cold page cache each time: the limit (every rank reading exactly its share with plain
+`preadv`), each transformers load (`bench.worker`: time, peaks, values against the stock one-process load) and torch
+DCP's `HuggingFaceStorageReader`. A load or read whose values are not the checkpoint's, or whose launch fails, fails
+the command; the goals (partition reads within 1.5x the limit, peak <= 1.05x (T/W + baseline)) are reported, not
+enforced. Writes OUT/widths.md, OUT/widths.json and OUT/widths.png; docs/benchmark.md ("Real widths").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.bench.cases import Case
+from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy.bench.run import launch_load, reference_file
+from loadpolicy.errors import positive_int
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
+from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.units import GIB
+from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
+from loadpolicy.widths.ranges import read_spans
+from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
+
+
+LIMIT = "limit: pread of each rank's share"
+PEER = "DCP HuggingFaceStorageReader (peer)"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    shape: str
+    ranks: int
+    way: str
+    checkpoint_gib: float
+    error: str | None = None
+    seconds: float | None = None  # the slowest rank
+    peak_gib: float | None = None  # the largest per-rank peak RSS
+    ideal_gib: float | None = None  # on that rank: T/W + its RSS before reading
+    read_rank_gib: float | None = None  # the most one rank read from storage
+    checked: int = 0  # parameters (loads) or tensors (DCP) whose values were compared
+
+    @property
+    def peak_over_ideal(self) -> float | None:
+        return None if self.peak_gib is None or not self.ideal_gib else self.peak_gib / self.ideal_gib
+
+
+def _worst(per_rank: list[tuple[float, float]]) -> tuple[float, float]:
+    """(peak, ideal) of the rank whose peak is the largest multiple of its ideal."""
+    return max(per_rank, key=lambda pair: pair[0] / pair[1])
+
+
+def load_row(
+    shape: str, case: Case, ranks: int, total: int, results: list[LoadMeasurement] | str, **judged: Any
+) -> Row:
+    """A transformers load's row: its problems (another policy, values not the checkpoint's) fail it."""
+    base = Row(shape, ranks, case.label, total / GIB)
+    if isinstance(results, str):
+        return replace(base, error=results)
+    if problems := case.problems(results, judged["tree"], judged["parameters"]):
+        return replace(base, error="; ".join(problems)[:400])
+    peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
+    return replace(
+        base,
+        seconds=max(r["seconds"] for r in results),
+        peak_gib=peak / GIB,
+        ideal_gib=ideal / GIB,
+        read_rank_gib=max(r["read_bytes_loading"] for r in results) / GIB,
+        checked=min(r["fingerprinted"] for r in results),
+    )
+
+
+def reader_row(
+    shape: str, reader: Reader, ranks: int, total: int, tensors: int, results: list[ReaderMeasurement] | str
+) -> Row:
+    """A reader's row: every byte of the checkpoint read exactly once over the ranks; DCP's blocks equal the file's."""
+    base = Row(shape, ranks, LIMIT if reader is Reader.PREAD else PEER, total / GIB)
+    if isinstance(results, str):
+        return replace(base, error=results)
+    problems = []
+    if sum(r["share_bytes"] for r in results) != total:
+        problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
+    if reader is Reader.DCP:
+        problems += [
+            f"rank {r['rank']} compared {r['checked']} of {tensors} tensors"
+            for r in results
+            if r["checked"] != tensors
+        ]
+        problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
+    if problems:
+        return replace(base, error="; ".join(problems)[:400])
+    peak, ideal = _worst([(r["peak_total"], total / ranks + r["rss_before"]) for r in results])
+    return replace(
+        base,
+        seconds=max(r["seconds"] for r in results),
+        peak_gib=peak / GIB,
+        ideal_gib=ideal / GIB,
+        read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
+        checked=min(r["checked"] for r in results) if reader is Reader.DCP else 0,
+    )
+
+
+def _read(
+    reader: Reader, checkpoint: Path, ranks: int, tree: Path, out: Path, timeout: float
+) -> list[ReaderMeasurement] | str:
+    evict_from_page_cache(checkpoint)
+    spec: ReaderSpec = {"reader": str(reader), "checkpoint": str(checkpoint)}
+    return read_results(launch("loadpolicy.widths.worker", spec, tree, out, ranks, timeout), ReaderMeasurement)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    shape: WidthShape
+    path: Path
+    total: int  # bytes of its tensors
+    tensors: int
+    reference: Path  # the stock one-process load's fingerprints
+    parameters: int
+
+
+def _read_every_way(
+    checkpoint: _Checkpoint, count: int, trees: dict[Tree, Path], out: Path, timeout: float
+) -> list[Row]:
+    """The limit first, the loads, the peer last; each from a cold page cache."""
+    name, path, total = checkpoint.shape.name, checkpoint.path, checkpoint.total
+
+    def reader(kind: Reader) -> Row:
+        results = _read(kind, path, count, trees[Tree.PATCHED], out / str(kind), timeout)
+        return reader_row(name, kind, count, total, checkpoint.tensors, results)
+
+    rows = [reader(Reader.PREAD)]
+    for case in LOADS:
+        spec: BenchSpec = {
+            "policy": case.policy,
+            "zero3": case.zero3,
+            "distributed": case.shape(count).distributed_config(),
+            "requested": case.requested,
+            "checkpoint": str(path),
+            "model_class": checkpoint.shape.architecture.model_class,
+            "fingerprints": str(checkpoint.reference),
+        }
+        results = launch_load(spec, count, trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}", timeout)
+        tree = trees[case.tree]
+        rows.append(load_row(name, case, count, total, results, tree=tree, parameters=checkpoint.parameters))
+        print(render_markdown(rows[-1:], header=False), end="", flush=True)
+    rows.append(reader(Reader.DCP))
+    return rows
+
+
+def _checkpoint(shape: WidthShape, out: Path, stock: Path, max_gib: float, timeout: float) -> _Checkpoint:
+    path = build(shape, out.resolve() / "checkpoints", max_gib=max_gib)
+    spans = read_spans(path)
+    model_class = shape.architecture.model_class
+    reference = reference_file(path, model_class, stock, out.resolve() / "fingerprints" / shape.name, timeout)
+    parameters = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
+    return _Checkpoint(shape, path, sum(s.end - s.start for s in spans), len(spans), reference, parameters)
+
+
+def widths(
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    shapes: tuple[WidthShape, ...],
+    ranks: tuple[int, ...],
+    max_gib: float,
+    timeout: float,
+) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    rows: list[Row] = []
+    for shape in shapes:
+        checkpoint = _checkpoint(shape, out, trees[Tree.STOCK], max_gib, timeout)
+        for count in ranks:
+            rows += _read_every_way(checkpoint, count, trees, out / "runs" / f"{shape.name}-{count}", timeout)
+    return rows
+
+
+def _figure(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> str:
+    lines = []
+    if header:
+        lines += [
+            "# Real widths: published MoE shapes, each read every way in the same run",
+            "",
+            f"`{command}`; CPU gloo, bf16, cold page cache before every launch (`posix_fadvise(DONTNEED)` on every "
+            "file). Time: the slowest rank, every rank starting together; x limit: over the slowest rank's plain "
+            "`preadv` of exactly its share (its ZeRO-3 partition of every tensor). Peak: the rank whose peak RSS is "
+            "the largest multiple of T/W (the checkpoint's bytes over the ranks) plus its RSS before reading. Values: "
+            "loads compare every parameter with the stock one-process load's fingerprints; DCP compares each block "
+            "with the file's bytes.",
+            "",
+            "| shape | ranks | way | time s | x limit | peak GiB | T/W + base GiB | peak / ideal | read/rank GiB "
+            "| values |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+    by_key = {(r.shape, r.ranks, r.way): r for r in rows}
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.shape} | {r.ranks} | {r.way} | - | - | - | - | - | - | FAILED: {r.error[:300]} |")
+            continue
+        over = _over(r, by_key.get((r.shape, r.ranks, LIMIT)))
+        values = "bytes only" if r.way == LIMIT else f"equal ({r.checked})"
+        lines.append(
+            f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.seconds)} | {_figure(over)} | {_figure(r.peak_gib)} | "
+            f"{_figure(r.ideal_gib)} | {_figure(r.peak_over_ideal, 3)} | {_figure(r.read_rank_gib)} | {values} |"
+        )
+    if header:
+        lines += ["", *goals(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def goals(rows: list[Row]) -> list[str]:
+    """The partition reads against the goals: within 1.5x the limit, peak <= 1.05x (T/W + baseline), ahead of the
+    peer and of stock `zero.Init`; a missing figure is a miss."""
+    by_key = {(r.shape, r.ranks, r.way): r for r in rows}
+    lines = []
+    for r in rows:
+        if r.way not in PARTITION_READS:
+            continue
+        limit, peer = by_key.get((r.shape, r.ranks, LIMIT)), by_key.get((r.shape, r.ranks, PEER))
+        stock = by_key.get((r.shape, r.ranks, "Zero3Init (stock)"))
+        over = _over(r, limit)
+        verdicts = [
+            f"{_figure(over)}x the limit ({'met' if over <= 1.5 else 'missed'})",
+            f"peak {_figure(r.peak_over_ideal, 3)}x ideal ({'met' if _le(r.peak_over_ideal, 1.05) else 'missed'})",
+            f"{_figure(_over(peer, r))}x faster than DCP",
+            f"{_figure(_over(stock, r))}x faster than stock zero.Init",
+        ]
+        lines.append(f"- {r.shape} x{r.ranks}, {r.way}: " + "; ".join(verdicts))
+    return lines
+
+
+def _over(row: Row | None, reference: Row | None) -> float:
+    """row's seconds over reference's; NaN where either is missing (a NaN meets no goal)."""
+    if row is None or reference is None or row.seconds is None or not reference.seconds:
+        return math.nan
+    return row.seconds / reference.seconds
+
+
+def _le(value: float | None, bound: float) -> bool:
+    return value is not None and value <= bound
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415  # only the bench environment installs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    counts = sorted({r.ranks for r in rows})
+    ways = list(dict.fromkeys(r.way for r in rows))
+    figure, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4.5), squeeze=False)
+    width = 0.8 / max(1, len(ways))
+    for column, shape in enumerate(shapes):
+        axis = axes[0][column]
+        for index, way in enumerate(ways):
+            heights = [
+                next(
+                    (r.seconds or 0.0 for r in rows if (r.shape, r.ranks, r.way) == (shape, n, way) and not r.error),
+                    0.0,
+                )
+                for n in counts
+            ]
+            axis.bar(
+                [n + (index - len(ways) / 2) * width / len(counts) * 2 for n in range(len(counts))],
+                heights,
+                width * 2 / len(counts),
+                label=way,
+            )
+        axis.set_xticks(range(len(counts)), [f"{n} ranks" for n in counts])
+        axis.set_title(f"{shape}: seconds, slowest rank")
+        axis.grid(alpha=0.3, axis="y")
+        axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("widths", help="published MoE shapes at full width: every way of reading, one run")
+    parser.add_argument("--out", type=Path, default=Path("build/widths"), help="work and report directory")
+    parser.add_argument(
+        "--shape", action="append", choices=sorted(SHAPES_BY_NAME), help="only this shape (repeatable)"
+    )
+    parser.add_argument(
+        "--ranks", type=positive_int, action="append", help="rank counts (repeatable; default 2 and 4)"
+    )
+    parser.add_argument("--max-gib", type=float, default=8.0, help="refuse to build a checkpoint larger than this")
+    add_launch_arguments(parser, timeout=900.0)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    started = time.monotonic()
+    shapes = tuple(SHAPES_BY_NAME[name] for name in args.shape) if args.shape else SHAPES
+    ranks = tuple(args.ranks or (2, 4))
+    rows = widths(
+        args.out, args.patches, args.cache, shapes=shapes, ranks=ranks, max_gib=args.max_gib, timeout=args.timeout
+    )
+    command = (
+        "loadpolicy dev widths"
+        + "".join(f" --shape {s.name}" for s in shapes if args.shape)
+        + "".join(f" --ranks {n}" for n in ranks if args.ranks)
+    )
+    text = render_markdown(rows, command)
+    (args.out / "widths.md").write_text(text, encoding="utf-8")
+    (args.out / "widths.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    plot(rows, args.out / "widths.png")
+    if failed := [r for r in rows if r.error]:
+        raise WidthsFailedError(f"{text}\n{len(failed)} reads failed")
+    return text + f"\n{len(rows)} rows in {time.monotonic() - started:.0f}s: {args.out / 'widths.md'}"
+
+
+class WidthsFailedError(ValidationFailedError):
+    """A real-width load or read failed, or held values other than the checkpoint's."""

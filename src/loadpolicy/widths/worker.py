@@ -1,0 +1,144 @@
+"""One rank of a reader launch beside the real-width loads: `python -m loadpolicy.widths.worker SPEC OUT`.
+
+`pread` reads exactly this rank's share (its ZeRO-3 partition of every tensor, `ranges.share`) with plain `preadv`
+into one reused buffer: the cold-read limit a partition load is measured against. `dcp` is the peer: torch DCP's
+`HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows over the world,
+its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json (`contract.ReaderMeasurement`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
+from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
+from loadpolicy.widths.ranges import TensorSpan, read_spans, share
+
+
+BUFFER = 64 << 20
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32"}
+
+
+def _pread(ranges: list[tuple[Path, int, int]]) -> int:
+    view = memoryview(bytearray(BUFFER))
+    fds: dict[Path, int] = {}
+    total = 0
+    try:
+        for file, start, end in ranges:
+            fd = fds.setdefault(file, os.open(file, os.O_RDONLY))
+            position = start
+            while position < end:
+                count = os.preadv(fd, [view[: min(BUFFER, end - position)]], position)
+                if count <= 0:
+                    raise OSError(f"{file}: nothing read at byte {position} of [{start}, {end})")
+                position += count
+                total += count
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return total
+
+
+def _row_sharded_state(spans: list[TensorSpan], world: int) -> tuple[dict[str, Any], Any]:
+    """Empty DTensors sharded by rows over the world, one per tensor of the checkpoint (0-d ones replicated)."""
+    import torch  # noqa: PLC0415
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+
+    mesh = init_device_mesh("cpu", (world,))
+    state: dict[str, Any] = {}
+    for span in spans:
+        if span.dtype not in _DTYPES:
+            raise ValueError(f"{span.name}: dtype {span.dtype} is not one of {sorted(_DTYPES)}")
+        placements = [Shard(0)] if span.shape else [Replicate()]
+        local_shape, _ = compute_local_shape_and_global_offset(span.shape, mesh, placements)
+        local = torch.empty(local_shape, dtype=getattr(torch, _DTYPES[span.dtype]))
+        whole = torch.Size(span.shape)
+        state[span.name] = DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=whole, stride=torch.empty(whole, device="meta").stride()
+        )
+    return state, mesh
+
+
+def _compare_with_file(state: dict[str, Any], spans: list[TensorSpan]) -> tuple[int, list[str]]:
+    """Each local block's bytes against the same rows read from the file with `pread` (untimed)."""
+    import torch  # noqa: PLC0415
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+
+    problems = []
+    for span in spans:
+        tensor = state[span.name]
+        local = tensor.to_local().contiguous()
+        _, offset = compute_local_shape_and_global_offset(span.shape, tensor.device_mesh, tensor.placements)
+        row = (span.end - span.start) // span.shape[0] if span.shape else span.end - span.start
+        first = span.start + (offset[0] * row if span.shape else 0)
+        expected = torch.frombuffer(
+            bytearray(_read(span.file, first, local.numel() * local.element_size())), dtype=torch.uint8
+        )
+        if not torch.equal(local.reshape(-1).view(torch.uint8), expected):
+            problems.append(f"{span.name}: rows from {offset[0] if span.shape else 0} differ from the file's")
+    return len(spans), problems
+
+
+def _read(file: Path, start: int, size: int) -> bytes:
+    with file.open("rb") as handle:
+        handle.seek(start)
+        data = handle.read(size)
+    if len(data) != size:
+        raise OSError(f"{file}: {len(data)} of {size} bytes at {start}")
+    return data
+
+
+def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
+    import torch  # noqa: PLC0415
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+    checkpoint = Path(spec["checkpoint"])
+    spans = read_spans(checkpoint)
+    ranges = share(spans, this.rank, this.world_size)
+    this.stage("init_distributed")
+    torch.distributed.init_process_group("gloo")
+    state: dict[str, Any] = {}
+    if spec["reader"] == "dcp":
+        state, _ = _row_sharded_state(spans, this.world_size)
+    elif spec["reader"] != "pread":
+        raise ValueError(f"reader {spec['reader']!r} is not one of ['dcp', 'pread']")
+    torch.distributed.barrier()
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+    before, io_before = memory_status(), io_counters()
+    this.stage(f"read ({spec['reader']})")
+    start = time.perf_counter()
+    with PeakSampler() as sampler:
+        if spec["reader"] == "dcp":
+            dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
+            share_bytes = sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
+        else:
+            share_bytes = _pread(ranges)
+    seconds = time.perf_counter() - start
+    io_after = io_counters()
+    peak_hwm = memory_status()["VmHWM"]
+    this.stage("compare")
+    checked, problems = _compare_with_file(state, spans) if state else (0, [])
+    torch.distributed.barrier()
+    return {
+        "rank": this.rank,
+        "reader": spec["reader"],
+        "seconds": seconds,
+        "share_bytes": share_bytes,
+        "read_bytes": io_after["read_bytes"] - io_before["read_bytes"],
+        "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
+        "peak_anon": sampler.peak["anon"],
+        "peak_file": sampler.peak["file"],
+        "peak_total": max(sampler.peak["total"], peak_hwm),
+        "checked": checked,
+        "value_problems": problems,
+    }
+
+
+if __name__ == "__main__":
+    run_rank(_measure, ReaderSpec)

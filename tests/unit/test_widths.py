@@ -1,0 +1,125 @@
+"""The real-widths suite's pure parts: each rank's share of a safetensors file, the reader rows' judges and the goals
+(real runs: `loadpolicy dev widths`)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy.widths.contract import ReaderMeasurement
+from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
+from loadpolicy.widths.run import LIMIT, PEER, Row, goals, reader_row, render_markdown
+from loadpolicy.widths.shapes import SHAPES
+
+
+def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> None:
+    """A safetensors file of zero bytes per tensor: name -> (dtype, shape, element size)."""
+    header, offset = {}, 0
+    for name, (dtype, shape, size) in tensors.items():
+        nbytes = math.prod(shape) * size
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+@pytest.mark.parametrize(("numel", "world"), [(10, 4), (8, 4), (3, 4), (1, 2), (7, 1)])
+def test_partitions_cover_every_element_once_in_order(numel: int, world: int) -> None:
+    span = TensorSpan(Path("f"), "t", "BF16", (numel,), 100, 100 + 2 * numel)
+    ranges = [partition_range(span, rank, world) for rank in range(world)]
+    assert ranges[0][0] == span.start
+    assert ranges[-1][1] == span.end
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    per = -(-numel // world)  # ZeRO-3's partition: ceil(numel / world) elements, the last rank's cut
+    assert [(end - start) // 2 for start, end in ranges] == [max(0, min(per, numel - r * per)) for r in range(world)]
+
+
+def test_shares_of_a_file_add_up_to_its_tensors_and_merge_adjacent_ranges(tmp_path: Path) -> None:
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors", {"a": ("BF16", (6, 4), 2), "b": ("F32", (5,), 4)})
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors", {"c": ("BF16", (3, 3), 2)})
+    spans = read_spans(tmp_path)
+    assert [s.name for s in spans] == ["a", "b", "c"]
+    total = sum(s.end - s.start for s in spans)
+    assert total == 6 * 4 * 2 + 5 * 4 + 9 * 2
+    for world in (1, 2, 4):
+        shares = [share(spans, rank, world) for rank in range(world)]
+        assert sum(end - start for ranges in shares for _, start, end in ranges) == total
+        covered = sorted((str(f), s, e) for ranges in shares for f, s, e in ranges)
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(covered) if a[0] == b[0])  # no overlap
+    assert len(share(spans, 0, 1)) == 2  # one world: each file one range
+
+
+def _measurement(
+    rank: int, share_bytes: int, *, checked: int = 0, problems: list[str] | None = None
+) -> ReaderMeasurement:
+    return {
+        "rank": rank,
+        "reader": "dcp",
+        "seconds": 1.0 + rank,
+        "share_bytes": share_bytes,
+        "read_bytes": share_bytes,
+        "rss_before": 1 << 30,
+        "peak_anon": 1 << 30,
+        "peak_file": 0,
+        "peak_total": (1 << 30) + share_bytes,
+        "checked": checked,
+        "value_problems": problems or [],
+    }
+
+
+def test_a_reader_that_missed_bytes_or_tensors_fails_its_row() -> None:
+    whole = reader_row("s", Reader.PREAD, 2, 100, 3, [_measurement(0, 50), _measurement(1, 50)])
+    assert whole.error is None
+    assert whole.seconds == 2.0
+    assert whole.way == LIMIT
+    short = reader_row("s", Reader.PREAD, 2, 100, 3, [_measurement(0, 50), _measurement(1, 49)])
+    assert short.error is not None
+    assert "99 bytes of the checkpoint's 100" in short.error
+    unchecked = reader_row(
+        "s", Reader.DCP, 2, 100, 3, [_measurement(0, 50, checked=3), _measurement(1, 50, checked=2)]
+    )
+    assert unchecked.error is not None
+    assert "rank 1 compared 2 of 3" in unchecked.error
+    unequal = [_measurement(0, 50, checked=3), _measurement(1, 50, checked=3, problems=["x: rows from 2 differ"])]
+    assert "rows from 2 differ" in (reader_row("s", Reader.DCP, 2, 100, 3, unequal).error or "")
+    failed = reader_row("s", Reader.DCP, 2, 100, 3, "rank 1 timed out in read (dcp)")
+    assert failed.error == "rank 1 timed out in read (dcp)"
+    assert failed.way == PEER
+
+
+def test_goals_are_missed_where_a_figure_is_missing() -> None:
+    load = Row("s", 2, "EPMeta: partition reads", 1.0, seconds=3.0, peak_gib=1.0, ideal_gib=1.0)
+    limit = Row("s", 2, LIMIT, 1.0, seconds=2.5)
+    peer = Row("s", 2, PEER, 1.0, seconds=6.0)
+    met = goals([limit, load, peer])
+    assert met == [
+        "- s x2, EPMeta: partition reads: 1.20x the limit (met); peak 1.000x ideal (met); 2.00x faster than DCP; "
+        "-x faster than stock zero.Init"
+    ]
+    missing = goals([load, Row("s", 2, "Zero3Init: partition reads", 1.0, seconds=3.0)])
+    assert missing[0].startswith("- s x2, EPMeta: partition reads: -x the limit (missed); peak 1.000x")
+    assert "peak -x ideal (missed)" in missing[1]
+    assert "FAILED: boom" in render_markdown([Row("s", 2, PEER, 1.0, error="boom")], "cmd")
+
+
+def test_every_partition_reading_load_is_held_to_the_goals() -> None:
+    assert {c.label for c in LOADS if c.branch is not None} == PARTITION_READS
+    assert {"Zero3Init: partition reads", "EPMeta: partition reads", "EPMeta: token dispatch"} <= PARTITION_READS
+
+
+def test_shapes_keep_the_published_widths() -> None:
+    by_name = {s.name: s.architecture.config for s in SHAPES}
+    assert by_name["qwen3-30b-a3b"]["num_experts"] == 128
+    assert by_name["qwen3-30b-a3b"]["moe_intermediate_size"] == 768
+    assert by_name["mixtral-8x7b"]["hidden_size"] == 4096
+    assert by_name["mixtral-8x7b"]["intermediate_size"] == 14336
+    assert by_name["deepseek-v2-lite"]["n_routed_experts"] == 64
+    assert by_name["deepseek-v2-lite"]["num_hidden_layers"] > 1
+    assert by_name["gpt-oss-20b"]["vocab_size"] == 201088
+    assert len({s.identity() for s in SHAPES}) == len(SHAPES)
