@@ -30,8 +30,8 @@ LAYERS = {
     "bench": 5,
     "autoep": 5,  # reuses parity's training loop and judges
     "throughput": 6,  # trains AutoEP as one of its ways
-    "save": 5,  # saves the bench's models
-    "widths": 6,  # loads through the bench's worker and cases
+    "save": 5,  # saves the bench's models and the real-width shapes
+    "widths": 5,  # loads through the bench's worker and cases
     "plan": 1,  # a pure model of a launch
     "validate": 7,
     "cli": 8,

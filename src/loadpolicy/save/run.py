@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.save.cases import Way, shape
 from loadpolicy.save.contract import SaveMeasurement, SaveSpec
 from loadpolicy.units import GIB
+from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy.widths.shapes import build as build_width
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +75,21 @@ def _row(model: BenchModel, ranks: int, way: Way, results: list[SaveMeasurement]
 
 
 def save_bench(
-    out: Path, patches: Path, cache: Path, *, smoke: bool, ranks: int, timeout: float, ways: tuple[Way, ...]
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    models: tuple[BenchModel, ...],
+    checkpoint_of: Callable[[BenchModel], Path],
+    ranks: int,
+    timeout: float,
+    ways: tuple[Way, ...],
 ) -> list[Row]:
     trees = prepare_trees(out, patches, cache)
     prebuild_deepspeed_ops(out)
     rows = []
-    for model in SMOKE if smoke else FULL:
-        checkpoint = build(model, out.resolve() / "checkpoints")
+    for model in models:
+        checkpoint = checkpoint_of(model)
         for way in ways:
             directory = out.resolve() / "saves" / f"{model.name}-{way}-{ranks}"
             spec: SaveSpec = {
@@ -148,16 +159,39 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--smoke", action="store_true", help="the smoke models (CI)")
     parser.add_argument("--ranks", type=positive_int, default=2)
     parser.add_argument("--way", action="append", choices=list(Way), help="only this way (repeatable; default all)")
+    parser.add_argument(
+        "--shape", action="append", choices=sorted(SHAPES_BY_NAME), help="a real-width shape instead (repeatable)"
+    )
+    parser.add_argument("--checkpoints", type=Path, default=Path("build/widths/checkpoints"), help="for --shape")
+    parser.add_argument("--max-gib", type=float, default=8.0, help="refuse to build a --shape checkpoint larger")
     add_launch_arguments(parser, timeout=600.0)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> str:
     ways = tuple(Way(w) for w in args.way) if args.way else tuple(Way)
+    models: tuple[BenchModel, ...] = SMOKE if args.smoke else FULL
+    checkpoints = args.out.resolve() / "checkpoints"
+
+    def checkpoint_of(model: BenchModel) -> Path:
+        if args.shape:  # the real-width checkpoints `loadpolicy dev widths` builds (and reuses)
+            return build_width(SHAPES_BY_NAME[model.name], args.checkpoints.resolve(), max_gib=args.max_gib)
+        return build(model, checkpoints)
+
+    if args.shape:
+        models = tuple(SHAPES_BY_NAME[name].architecture for name in args.shape)
     rows = save_bench(
-        args.out, args.patches, args.cache, smoke=args.smoke, ranks=args.ranks, timeout=args.timeout, ways=ways
+        args.out,
+        args.patches,
+        args.cache,
+        models=models,
+        checkpoint_of=checkpoint_of,
+        ranks=args.ranks,
+        timeout=args.timeout,
+        ways=ways,
     )
     command = f"loadpolicy dev save --ranks {args.ranks}" + (" --smoke" if args.smoke else "")
+    command += "".join(f" --shape {name}" for name in args.shape or ())
     text = render_markdown(rows, command)
     (args.out / "save.md").write_text(text, encoding="utf-8")
     (args.out / "save.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")

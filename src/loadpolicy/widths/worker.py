@@ -8,6 +8,7 @@ its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -98,6 +99,8 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     import torch  # noqa: PLC0415
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
+    # no transformers here, but the launch's environment is the tree's: which transformers it would import
+    this.facts["transformers_file"] = getattr(importlib.util.find_spec("transformers"), "origin", None)
     checkpoint = Path(spec["checkpoint"])
     spans = read_spans(checkpoint)
     ranges = share(spans, this.rank, this.world_size)
