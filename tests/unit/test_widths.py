@@ -123,3 +123,31 @@ def test_shapes_keep_the_published_widths() -> None:
     assert by_name["deepseek-v2-lite"]["num_hidden_layers"] > 1
     assert by_name["gpt-oss-20b"]["vocab_size"] == 201088
     assert len({s.identity() for s in SHAPES}) == len(SHAPES)
+
+
+def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file(tmp_path: Path) -> None:
+    """One process, real torch DCP: the pread limit reads the whole share; DCP's row-sharded load equals the files,
+    and a changed block is reported."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from loadpolicy.widths import worker
+
+    tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
+    save_file({"a": tensors["a"]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    spans = read_spans(tmp_path)
+    assert worker._pread(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        import torch.distributed.checkpoint as dcp
+
+        state, _ = worker._row_sharded_state(spans, 1)
+        dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
+        assert torch.equal(state["a"].to_local(), tensors["a"])
+        assert worker._compare_with_file(state, spans) == (2, [])
+        state["b"].to_local()[3] += 1
+        assert worker._compare_with_file(state, spans) == (2, ["b: rows from 0 differ from the file's"])
+    finally:
+        torch.distributed.destroy_process_group()
