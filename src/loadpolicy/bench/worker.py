@@ -9,6 +9,7 @@ docs/benchmark.md.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,26 @@ def _load(spec: BenchSpec, model_class: Any) -> Any:
     if spec["requested"]:
         kwargs["load_policy"] = spec["requested"]
     return model_class.from_pretrained(spec["checkpoint"], **kwargs)
+
+
+# set (to anything), every rank writes OUT/rank<R>.profile.txt: where its `from_pretrained` spent the time (cProfile,
+# which slows the load: read the shares, not the seconds)
+PROFILE = "LOADPOLICY_PROFILE_LOAD"
+
+
+def _profiled(this: Rank, spec: BenchSpec, model_class: Any) -> Any:
+    import cProfile  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_load, spec, model_class)
+    finally:
+        text = io.StringIO()
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(40)
+        this.result_path(".profile.txt").write_text(text.getvalue(), encoding="utf-8")
 
 
 def _touch_every_tensor(model: Any) -> tuple[int, float]:
@@ -107,7 +128,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     start = time.perf_counter()
     this.stage("from_pretrained")
     with PeakSampler() as sampler:
-        model = _load(spec, model_class)
+        model = _profiled(this, spec, model_class) if os.environ.get(PROFILE) else _load(spec, model_class)
     seconds = time.perf_counter() - start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]

@@ -21,8 +21,16 @@ from loadpolicy.bench.cases import Case
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.bench.run import launch_load, reference_file
 from loadpolicy.errors import positive_int
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
+from loadpolicy.harness.launch import (
+    Launched,
+    Tree,
+    ValidationFailedError,
+    add_launch_arguments,
+    launch,
+    read_results,
+)
 from loadpolicy.harness.procfs import evict_from_page_cache
+from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.units import GIB
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
@@ -70,10 +78,11 @@ def load_row(
     peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
     return replace(
         base,
-        seconds=max(r["seconds"] for r in results),
+        # until every byte is in memory: a load that maps files reads its pages at first touch
+        seconds=max(r["seconds"] + r["touch_seconds"] for r in results),
         peak_gib=peak / GIB,
         ideal_gib=ideal / GIB,
-        read_rank_gib=max(r["read_bytes_loading"] for r in results) / GIB,
+        read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["fingerprinted"] for r in results),
     )
 
@@ -126,14 +135,24 @@ class _Checkpoint:
     parameters: int
 
 
+def _recorded(tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]) -> list[Contract] | str:
+    """The results an earlier launch left under `out`, read as a launch's (`--rejudge`): judged again, not run."""
+    return read_results(Launched(tree, out, ranks, timeout, 0, 0.0, left_running=False), contract)
+
+
 def _read_every_way(
-    checkpoint: _Checkpoint, count: int, trees: dict[Tree, Path], out: Path, timeout: float
+    checkpoint: _Checkpoint, count: int, trees: dict[Tree, Path], out: Path, timeout: float, *, rejudge: bool
 ) -> list[Row]:
     """The limit first, the loads, the peer last; each from a cold page cache."""
     name, path, total = checkpoint.shape.name, checkpoint.path, checkpoint.total
 
     def reader(kind: Reader) -> Row:
-        results = _read(kind, path, count, trees[Tree.PATCHED], out / str(kind), timeout)
+        tree, where = trees[Tree.PATCHED], out / str(kind)
+        results = (
+            _recorded(tree, where, count, timeout, ReaderMeasurement)
+            if rejudge
+            else _read(kind, path, count, tree, where, timeout)
+        )
         return reader_row(name, kind, count, total, checkpoint.tensors, results)
 
     rows = [reader(Reader.PREAD)]
@@ -147,16 +166,22 @@ def _read_every_way(
             "model_class": checkpoint.shape.architecture.model_class,
             "fingerprints": str(checkpoint.reference),
         }
-        results = launch_load(spec, count, trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}", timeout)
-        tree = trees[case.tree]
+        tree, where = trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}"
+        results = (
+            _recorded(tree, where, count, timeout, LoadMeasurement)
+            if rejudge
+            else launch_load(spec, count, tree, where, timeout)
+        )
         rows.append(load_row(name, case, count, total, results, tree=tree, parameters=checkpoint.parameters))
         print(render_markdown(rows[-1:], header=False), end="", flush=True)
     rows.append(reader(Reader.DCP))
     return rows
 
 
-def _checkpoint(shape: WidthShape, out: Path, stock: Path, max_gib: float, timeout: float) -> _Checkpoint:
-    path = build(shape, out.resolve() / "checkpoints", max_gib=max_gib)
+def _checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib: float, timeout: float) -> _Checkpoint:
+    """The shape's checkpoint under `directory` (built once) and its reference fingerprints beside it."""
+    path = build(shape, directory.resolve(), max_gib=max_gib)
+    out = directory.resolve().parent
     spans = read_spans(path)
     model_class = shape.architecture.model_class
     reference = reference_file(path, model_class, stock, out.resolve() / "fingerprints" / shape.name, timeout)
@@ -173,14 +198,20 @@ def widths(
     ranks: tuple[int, ...],
     max_gib: float,
     timeout: float,
+    rejudge: bool = False,
+    checkpoints: Path | None = None,
 ) -> list[Row]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+    if rejudge:  # the trees and runs of the last run, as they are
+        trees = {tree: out.resolve() / "trees" / tree.value for tree in Tree}
+    else:
+        trees = prepare_trees(out, patches, cache)
+        prebuild_deepspeed_ops(out)
     rows: list[Row] = []
     for shape in shapes:
-        checkpoint = _checkpoint(shape, out, trees[Tree.STOCK], max_gib, timeout)
+        checkpoint = _checkpoint(shape, checkpoints or out / "checkpoints", trees[Tree.STOCK], max_gib, timeout)
         for count in ranks:
-            rows += _read_every_way(checkpoint, count, trees, out / "runs" / f"{shape.name}-{count}", timeout)
+            where = out / "runs" / f"{shape.name}-{count}"
+            rows += _read_every_way(checkpoint, count, trees, where, timeout, rejudge=rejudge)
     return rows
 
 
@@ -195,7 +226,9 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
             "# Real widths: published MoE shapes, each read every way in the same run",
             "",
             f"`{command}`; CPU gloo, bf16, cold page cache before every launch (`posix_fadvise(DONTNEED)` on every "
-            "file). Time: the slowest rank, every rank starting together; x limit: over the slowest rank's plain "
+            "file). Time: the slowest rank, every rank starting together, until every byte it holds is in memory "
+            "(loads: `from_pretrained` and a first touch of every tensor, which reads what a load left mapped); "
+            "x limit: over the slowest rank's plain "
             "`preadv` of exactly its share (its ZeRO-3 partition of every tensor). Peak: the rank whose peak RSS is "
             "the largest multiple of T/W (the checkpoint's bytes over the ranks) plus its RSS before reading. Values: "
             "loads compare every parameter with the stock one-process load's fingerprints; DCP compares each block "
@@ -297,7 +330,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--ranks", type=positive_int, action="append", help="rank counts (repeatable; default 2 and 4)"
     )
+    parser.add_argument("--checkpoints", type=Path, help="where the checkpoints are built (default: OUT/checkpoints)")
     parser.add_argument("--max-gib", type=float, default=8.0, help="refuse to build a checkpoint larger than this")
+    parser.add_argument("--rejudge", action="store_true", help="judge and report the last run's results again")
     add_launch_arguments(parser, timeout=900.0)
     parser.set_defaults(handler=_run)
 
@@ -307,7 +342,15 @@ def _run(args: argparse.Namespace) -> str:
     shapes = tuple(SHAPES_BY_NAME[name] for name in args.shape) if args.shape else SHAPES
     ranks = tuple(args.ranks or (2, 4))
     rows = widths(
-        args.out, args.patches, args.cache, shapes=shapes, ranks=ranks, max_gib=args.max_gib, timeout=args.timeout
+        args.out,
+        args.patches,
+        args.cache,
+        shapes=shapes,
+        ranks=ranks,
+        max_gib=args.max_gib,
+        timeout=args.timeout,
+        rejudge=args.rejudge,
+        checkpoints=args.checkpoints,
     )
     command = (
         "loadpolicy dev widths"
