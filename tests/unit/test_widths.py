@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import struct
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,24 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
         assert worker._compare_with_file(state, spans) == (2, ["b: rows from 0 differ from the file's"])
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() -> None:
+    pytest.importorskip("transformers")
+    from loadpolicy.widths.calibrate import calibrate_widths
+
+    gib = 3.48
+    load = Row("qwen3-30b-a3b", 2, "EPMeta: token dispatch", gib, seconds=3.0, peak_gib=2.11, ideal_gib=gib / 2 + 0.36)
+    rows = [
+        asdict(r)
+        for r in (
+            load,
+            Row("qwen3-30b-a3b", 2, LIMIT, gib, seconds=2.0, peak_gib=0.3, ideal_gib=2.1),
+            Row("qwen3-30b-a3b", 2, "Zero3Init (stock)", gib, error="rank 0 timed out"),
+        )
+    ]
+    (scored,) = calibrate_widths(rows)
+    assert (scored.model, scored.case, scored.ranks, scored.held_out) == ("qwen3-30b-a3b", load.way, 2, True)
+    assert scored.measured_gib == pytest.approx(2.11 - 0.36)
+    # the whole share of a 3.48 GiB checkpoint over 2 ranks, nothing else held: what EPMeta's partitions are
+    assert scored.predicted_gib == pytest.approx(gib / 2, rel=0.02)

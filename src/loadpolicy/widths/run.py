@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.bench.calibrate import render_calibration
 from loadpolicy.bench.cases import Case
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.bench.run import launch_load, reference_file
@@ -33,6 +34,7 @@ from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.units import GIB
+from loadpolicy.widths.calibrate import calibrate_widths
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy.widths.ranges import read_spans
@@ -361,9 +363,11 @@ def _run(args: argparse.Namespace) -> str:
     (args.out / "widths.md").write_text(text, encoding="utf-8")
     (args.out / "widths.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
     plot(rows, args.out / "widths.png")
+    calibration = render_calibration(calibrate_widths([asdict(r) for r in rows]))
+    (args.out / "calibration.md").write_text(calibration + "\n", encoding="utf-8")
     if failed := [r for r in rows if r.error]:
         raise WidthsFailedError(f"{text}\n{len(failed)} reads failed")
-    return text + f"\n{len(rows)} rows in {time.monotonic() - started:.0f}s: {args.out / 'widths.md'}"
+    return text + f"\n{calibration}\n\n{len(rows)} rows in {time.monotonic() - started:.0f}s: {args.out / 'widths.md'}"
 
 
 class WidthsFailedError(ValidationFailedError):
