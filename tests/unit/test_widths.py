@@ -173,3 +173,14 @@ def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() ->
     assert scored.measured_gib == pytest.approx(2.11 - 0.36)
     # the whole share of a 3.48 GiB checkpoint over 2 ranks, nothing else held: what EPMeta's partitions are
     assert scored.predicted_gib == pytest.approx(gib / 2, rel=0.02)
+
+
+def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> None:
+    from loadpolicy.widths.run import faster
+
+    slow, quick = Row("s", 2, LIMIT, 1.0, seconds=3.1), Row("s", 2, LIMIT, 1.0, seconds=1.3)
+    assert faster(slow, quick) is quick
+    assert faster(quick, slow) is quick
+    broken = Row("s", 2, LIMIT, 1.0, error="rank 1 timed out")
+    assert faster(quick, broken) is broken
+    assert faster(broken, quick) is broken

@@ -57,7 +57,9 @@ class PeakSampler:
 
 
 def evict_from_page_cache(path: Path) -> None:
-    """Drop the checkpoint's pages from the page cache, so every launch reads from storage (cold start)."""
+    """Drop the checkpoint's pages from the page cache, so every launch reads from storage (cold start), with no
+    write-back of earlier launches' files left to compete with its reads."""
+    os.sync()
     for file in path.iterdir():
         if file.is_file():
             fd = os.open(file, os.O_RDONLY)

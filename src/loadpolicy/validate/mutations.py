@@ -351,7 +351,18 @@ MUTATIONS = (
         "            zero3_init_for_partition_reads(\n                module=module,",
         '            __import__("deepspeed").zero.Init(\n                module=module,',
         in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
-        'assertEqual\\(result\\[\\"broadcasts\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
+        # its parameters are on the meta device: DeepSpeed refuses to broadcast them, naming the option
+        "Pass sync_module_states=False to partition it without values",
+    ),
+    Mutation(
+        "ep-partitions-built-from-whole-modules",
+        "EPMeta hands zero.Init meta parameters where it partitions them unfilled (DeepSpeed series)",
+        Target.TREE,
+        "integrations/deepspeed.py",
+        '    device = "meta" if _zero3_init_skips_values() else "cpu"',
+        '    device = "cpu"',
+        in_tree("test_ep_under_zero3_reads_partitions_experts_over_the_ranks_that_hold_them"),
+        'assertEqual\\(result\\[\\"built_whole\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
     ),
     Mutation(
         "partition-reads-keep-the-broadcast",
