@@ -64,10 +64,18 @@ def _tests_at(tree: Path, base: str, commit: str) -> set[str]:
     return ids
 
 
+# A rank that ends by C++ `std::terminate` at exit, after its result was written: seen on PR 2's error tests under
+# CI only (2 of 2 CI runs, 1 of 8 runs by hand), where a rank leaves gloo with a collective of the failed load pending
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def _run(command: list[str], worktree: Path, label: str, timeout: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(worktree / "src"), "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, cwd=worktree, env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0 and EXIT_ABORT in done.stdout + done.stderr:  # once more, and said so
+            print(f"{label}: a rank aborted at exit ({EXIT_ABORT!r}); running its tests once more", flush=True)
+            done = subprocess.run(command, cwd=worktree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise UpstreamError(f"{label}: `{' '.join(command[:6])} ...` did not finish within {timeout:.0f}s") from exc
     if done.returncode != 0:
