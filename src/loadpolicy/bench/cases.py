@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadpolicy.bench.contract import LoadMeasurement
+from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy.harness.launch import Tree
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
@@ -32,6 +32,18 @@ class Case:
         """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
         stock = self.tree is Tree.STOCK  # stock transformers gathers and copies
         return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested, flat_partitions=not stock)
+
+    def spec(self, ranks: int, checkpoint: Path, model_class: str, fingerprints: Path) -> BenchSpec:
+        """What every rank of this case's load of `checkpoint` is handed."""
+        return {
+            "policy": self.policy,
+            "zero3": self.zero3,
+            "distributed": self.shape(ranks).distributed_config(),
+            "requested": self.requested,
+            "checkpoint": str(checkpoint),
+            "model_class": model_class,
+            "fingerprints": str(fingerprints),
+        }
 
     def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
         """What makes a launch not this case: another policy, another tree, values that are not the checkpoint's, or

@@ -155,15 +155,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
             for case in (c for c in CASES if _applies(c, model)):
                 runs, error = [], None
                 for repeat in range(repeats):
-                    spec: BenchSpec = {
-                        "policy": case.policy,
-                        "zero3": case.zero3,
-                        "distributed": case.shape(ranks).distributed_config(),
-                        "requested": case.requested,
-                        "checkpoint": str(path),
-                        "model_class": model.model_class,
-                        "fingerprints": str(reference),
-                    }
+                    spec = case.spec(ranks, path, model.model_class, reference)
                     name = f"{model.name}-{case.policy}-{case.layout}-{ranks}-{repeat}"
                     results = launch_load(spec, ranks, trees[case.tree], out / "runs" / name, timeout)
                     if isinstance(results, str):

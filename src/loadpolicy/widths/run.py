@@ -19,7 +19,7 @@ from typing import Any
 
 from loadpolicy.bench.calibrate import render_calibration
 from loadpolicy.bench.cases import Case
-from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy.bench.contract import LoadMeasurement
 from loadpolicy.bench.run import launch_load, reference_file
 from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import (
@@ -160,15 +160,7 @@ def _read_every_way(
     first_limit = reader(Reader.PREAD, out / "pread")
     rows: list[Row] = []
     for case in LOADS:
-        spec: BenchSpec = {
-            "policy": case.policy,
-            "zero3": case.zero3,
-            "distributed": case.shape(count).distributed_config(),
-            "requested": case.requested,
-            "checkpoint": str(path),
-            "model_class": checkpoint.shape.architecture.model_class,
-            "fingerprints": str(checkpoint.reference),
-        }
+        spec = case.spec(count, path, checkpoint.shape.architecture.model_class, checkpoint.reference)
         tree, where = trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}"
         results = (
             _recorded(tree, where, count, timeout, LoadMeasurement)
