@@ -79,11 +79,13 @@ def test_a_reload_that_changes_the_next_step_fails() -> None:
         "loss_resumed": 3.0,
         "weights_continued": {"w": torch.ones(2)},
         "weights_resumed": {"w": torch.ones(2)},
+        "zero_to_fp32_error": REFUSAL,
+        "zero_to_fp32_state": {},
     }
-    assert checkpoint_problems([{"checkpoint": saved}]) == []
+    assert checkpoint_problems([{"checkpoint": saved, "experts": [EXPERT]}]) == []
     # the expert pattern matched nothing (a rename): the frozen-expert path was not exercised
     drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=saved["frozen"][:2])
-    problems = checkpoint_problems([{"checkpoint": drifted}])
+    problems = checkpoint_problems([{"checkpoint": drifted, "experts": [EXPERT]}])
     assert any("matched no parameter: ['layers.0.mlp.experts.down_proj']" in p for p in problems)
     assert any("changed weights differently" in p for p in problems)
 
@@ -345,3 +347,56 @@ def test_offload_is_a_case_only_input_the_one_process_reference_ignores(tmp_path
     spec = _worker_spec(ParityCase("mixtral", 2, Trainer.DEEPSPEED, offload=True), tmp_path, tmp_path)
     assert spec["offload"] is True
     assert "offload" in _CASE_ONLY
+
+
+def checkpointed_ranks(error: str, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two EP ranks after save_checkpoint, rank 0 with `zero_to_fp32`'s outcome."""
+    saved = {
+        "loaded": True,
+        "frozen": [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.experts.down_proj",
+        ],
+        "restored_equal": True,
+        "loss_continued": 3.0,
+        "loss_resumed": 3.0,
+        "weights_continued": {},
+        "weights_resumed": {},
+    }
+    ranks = [rank_result(rank) for rank in range(2)]
+    for rank, result in enumerate(ranks):
+        result["checkpoint"] = saved | {"zero_to_fp32_error": "", "zero_to_fp32_state": {}}
+        if rank == 0:
+            result["checkpoint"] |= {"zero_to_fp32_error": error, "zero_to_fp32_state": state}
+    return ranks
+
+
+REFUSAL = (
+    "NotImplementedError: zero_to_fp32 cannot consolidate ...: ZeRO-3 partitioned 1 expert parameters "
+    f"({EXPERT}) within their expert data-parallel groups, ..."
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "state", "needle"),
+    [
+        (REFUSAL, {}, None),
+        ("", single()["weights"], None),  # a DeepSpeed that consolidates experts: every tensor whole
+        # stock 0.19.8 on a trainable expert
+        ("ValueError: consumed 2424 numels out of 2936 - something is wrong", {}, "without the refusal"),
+        (REFUSAL.replace("1 expert", "2 expert"), {}, "counts 1 expert"),  # an expert left out of the count
+        # stock 0.19.8 with only frozen experts placed: rank 0's experts under the full tensor's name
+        ("", single()["weights"] | {EXPERT: single()["weights"][EXPERT][:2]}, "other than the trained ones"),
+        ("", {"model.embed_tokens.weight": torch.arange(6.0).reshape(2, 3)}, "missing"),
+        ("", single()["weights"] | {EXPERT: single()["weights"][EXPERT] * float("nan")}, "other than the trained"),
+    ],
+)
+def test_zero_to_fp32_must_give_the_trained_tensors_or_refuse_by_name(
+    error: str, state: dict[str, Any], needle: str | None
+) -> None:
+    problems = checkpoint_problems(checkpointed_ranks(error, state))
+    if needle is None:
+        assert problems == []
+    else:
+        assert any(needle in p for p in problems), problems

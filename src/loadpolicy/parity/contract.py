@@ -37,6 +37,10 @@ class SavedCheckpoint(TypedDict):
     loss_resumed: float
     weights_continued: dict[str, Tensor]
     weights_resumed: dict[str, Tensor]
+    # DeepSpeed's offline `zero_to_fp32` on the checkpoint, run by rank 0 alone (other ranks record "" and {}): its
+    # error, or the state dict it gave
+    zero_to_fp32_error: str
+    zero_to_fp32_state: dict[str, Tensor]
 
 
 class TrainedRank(TypedDict):

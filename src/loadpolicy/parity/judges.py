@@ -127,7 +127,42 @@ def checkpoint_problems(results: list[TrainedRank]) -> list[str]:
         ]
         if differ:
             problems.append(f"rank {rank}: step after reload changed weights differently: {differ[:3]}")
-    return problems
+    return problems + offline_consolidation_problems(results)
+
+
+# DeepSpeed's refusal (its series, PR 4) of a checkpoint whose experts it partitioned within expert groups
+ZERO_TO_FP32_REFUSAL = "within their expert data-parallel groups"
+
+
+def offline_consolidation_problems(results: list[TrainedRank]) -> list[str]:
+    """`zero_to_fp32` on the EP checkpoint (rank 0's record) must give every tensor as trained, experts whole, or
+    refuse by name, counting every expert parameter; a state dict with a wrong tensor, or another error, fails.
+
+    The reference is what the ranks trained, gathered: an expert tensor is the ranks' shards in expert-parallel order,
+    one shard per expert data-parallel group taken from its first rank (DeepSpeed's layout)."""
+    import torch  # noqa: PLC0415  # the judges' other checks run without it
+
+    if not results or "checkpoint" not in results[0]:
+        return ["rank 0: no record of zero_to_fp32"]
+    saved, experts = results[0]["checkpoint"], results[0]["experts"]
+    if error := saved["zero_to_fp32_error"]:
+        counted = f"partitioned {len(experts)} expert parameters"
+        if ZERO_TO_FP32_REFUSAL in error and counted in error:
+            return []
+        return [f"zero_to_fp32 failed without the refusal that counts {len(experts)} expert parameters: {error[:200]}"]
+    holders = sorted({min(group) for result in results for group in result["expert_group_ranks"]})
+    trained = {
+        name: torch.cat([results[rank]["weights"][name] for rank in holders]) if name in experts else tensor
+        for name, tensor in results[0]["weights"].items()
+    }
+    state = saved["zero_to_fp32_state"]
+    problems = _names_differ("zero_to_fp32's state dict", set(state), set(trained))
+    wrong = [
+        name
+        for name in sorted(set(state) & set(trained))
+        if state[name].shape != trained[name].shape or not (relative_diff(state[name], trained[name]) <= 0)
+    ]
+    return problems + ([f"zero_to_fp32 gave tensors other than the trained ones: {wrong[:3]}"] if wrong else [])
 
 
 def compare_export(single: SingleRun, reload: Reloaded, results: list[TrainedRank]) -> list[str]:

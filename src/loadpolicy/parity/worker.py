@@ -238,6 +238,7 @@ def _save_and_reload(spec: ParitySpec, world: int, engine: Any, batch: Any, stag
     """Save, reload into a freshly loaded engine, and take one more step on both: they must agree."""
     stage("save_checkpoint")
     engine.save_checkpoint(spec["checkpoint_dir"], tag="parity")
+    consolidation_error, consolidated = offline_consolidation(spec["checkpoint_dir"], "parity", stage)
     stage("reload")
     reloaded, _ = _engine(spec, world, stage)
     path, _ = reloaded.load_checkpoint(spec["checkpoint_dir"], tag="parity")
@@ -253,7 +254,24 @@ def _save_and_reload(spec: ParitySpec, world: int, engine: Any, batch: Any, stag
         "loss_resumed": resumed,
         "weights_continued": gathered_weights(engine.module),
         "weights_resumed": gathered_weights(reloaded.module),
+        "zero_to_fp32_error": consolidation_error,
+        "zero_to_fp32_state": consolidated,
     }
+
+
+def offline_consolidation(directory: str, tag: str, stage: Stage) -> tuple[str, dict[str, Any]]:
+    """What a user runs next to get full weights from the checkpoint: DeepSpeed's `zero_to_fp32`, on rank 0 once every
+    rank has written. Its error, or the state dict it gave; other ranks return nothing."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: PLC0415
+
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() != 0:
+        return "", {}
+    stage("zero_to_fp32")
+    try:
+        return "", dict(get_fp32_state_dict_from_zero_checkpoint(directory, tag=tag))
+    except Exception as error:  # the judge reads any failure: a refusal must be the named one
+        return f"{type(error).__name__}: {error}", {}
 
 
 def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
