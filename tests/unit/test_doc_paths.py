@@ -36,6 +36,12 @@ DEEPSPEED_TOUCHED = {
     for patch in (ROOT / "patches" / "deepspeed").glob("*.patch")
     for match in _DIFF_PATH.finditer(patch.read_text(encoding="utf-8"))
 }
+# PEFT's tree: a file a patch of the PEFT series touches
+PEFT_TOUCHED = {
+    match[1]
+    for patch in (ROOT / "patches" / "peft").glob("*.patch")
+    for match in _DIFF_PATH.finditer(patch.read_text(encoding="utf-8"))
+}
 
 
 def _expand(text: str) -> list[str]:
@@ -53,6 +59,8 @@ def _expand(text: str) -> list[str]:
 def _exists(page: Path, target: str, base: Path) -> bool:
     path = target.split("#", 1)[0].split(":", 1)[0]  # `file.py:123` cites a line, `file.py::test` a test
     if not path:
+        return True
+    if base == ROOT and path in PEFT_TOUCHED:
         return True
     if base == ROOT and path.startswith(DEEPSPEED_TOPS):
         return any(

@@ -400,3 +400,34 @@ def test_zero_to_fp32_must_give_the_trained_tensors_or_refuse_by_name(
         assert problems == []
     else:
         assert any(needle in p for p in problems), problems
+
+
+def test_an_expert_adapter_is_compared_as_the_blocks_of_the_rank_s_experts() -> None:
+    from loadpolicy.parity.judges import expert_slice
+
+    experts, rank, out = 4, 2, 3
+    # PEFT's layout for an adapter of stacked experts: lora_A rows expert-major, lora_B columns rank-major
+    lora_a = torch.arange(experts * rank * 5.0).reshape(experts * rank, 5)
+    lora_b = torch.arange(out * rank * experts * 1.0).reshape(out, rank, experts).reshape(out, rank * experts)
+    assert torch.equal(expert_slice("x.lora_A.default.weight", lora_a, 1, 2, experts), lora_a[4:8])
+    columns = lora_b.reshape(out, rank, experts)[:, :, 2:4].reshape(out, rank * 2)
+    assert torch.equal(expert_slice("x.lora_B.default.weight", lora_b, 1, 2, experts), columns)
+    # taken as rows, lora_B's second half would be other experts' columns (the slice a dense expert weight gets)
+    assert not torch.equal(expert_slice("x.weight", lora_b.T, 1, 2, experts).T, columns)
+
+
+def test_an_adapter_averaged_over_ranks_that_hold_other_experts_fails() -> None:
+    name = "model.layers.0.mlp.experts.lora_B.default.weight"
+    reference = single()
+    reference["weights"][name] = torch.arange(8.0).reshape(2, 4)  # 2 out x (rank 1 x 4 experts)
+    ranks = [rank_result(rank) for rank in range(2)]
+    for rank, result in enumerate(ranks):
+        result["experts"] = [EXPERT, name]
+        result["unchanged"][name] = True
+        result["weights"][name] = reference["weights"][name][:, rank * 2 : (rank + 1) * 2].clone()
+    assert compare_training(reference, ranks)[0] == []
+    averaged = (ranks[0]["weights"][name] + ranks[1]["weights"][name]) / 2
+    for result in ranks:
+        result["weights"][name] = averaged.clone()
+    problems, _, _ = compare_training(reference, ranks)
+    assert any(f"final {name} differs" in p for p in problems), problems

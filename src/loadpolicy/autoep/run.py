@@ -206,6 +206,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "save_steps": 0,
             "resume_from": "",
             "offload": False,
+            "lora": False,
             "distributed_reference": False,
         }
         # The reference runs on the stock tree (not the code under test), as in parity.

@@ -54,6 +54,11 @@ class ParityCase:
     # ZeRO-3 offloads parameters and optimizer states to the CPU (`offload_param`, `offload_optimizer`): what users
     # turn on when the model does not fit; the load still reads partitions and training must match one process
     offload: bool = False
+    # a PEFT LoRA adapter on the attention projections and on every expert (TRL only): the adapters of a rank's experts
+    # must be partitioned and reduced like those experts
+    lora: bool = False
+    # the learning rate where the optimizer's default (SGD 0.1, AdamW 1e-3) would not do
+    lr: float | None = None
 
     @property
     def steps(self) -> int:
@@ -75,6 +80,7 @@ class ParityCase:
         extra += " | save_pretrained -> reload" if self.export else ""
         extra += " | resume after 2 of 4 steps" if self.resume else ""
         extra += " | parameters and optimizer offloaded to the CPU" if self.offload else ""
+        extra += " | LoRA on attention and experts" if self.lora else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
@@ -90,6 +96,11 @@ RECIPES = (
     ParityCase("qwen3_moe", 4, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
     ParityCase("mixtral", 2, Trainer.DEEPSPEED, offload=True),
     ParityCase("qwen3_moe", 2, Trainer.HF_TRAINER, offload=True, export=True),
+    # LoRA on the experts too (PEFT `target_parameters`), SGD: the adapter of each rank's experts against the same
+    # blocks of the reference's full adapter. lr 1e-2: the reference sums each rank's expert gradient before averaging,
+    # EP sums the tokens of every rank in one pass; at lr 0.1 that order alone moved the adapters 1e-5-3e-5 apart
+    ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2),
+    ParityCase("qwen3_moe", 4, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dp=2, dispatch=True, lora=True, lr=1e-2),
 )
 TOKEN_DISPATCH = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
@@ -158,4 +169,5 @@ PARITY_MAIN = (
     ParityCase("qwen3_moe", 4, Trainer.HF_TRAINER, dp=2, dispatch=True, export=True),
     ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
     RECIPES[0],
+    RECIPES[5],
 )

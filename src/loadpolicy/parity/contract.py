@@ -85,6 +85,9 @@ class ParitySpec(TypedDict):
     save_steps: int  # 0 for none: the Trainer's checkpoint interval
     resume_from: str  # "" for none: the Trainer checkpoint a resumed launch starts from
     offload: bool  # ZeRO-3 offloads parameters and optimizer states to the CPU
+    # a PEFT LoRA adapter on the attention projections and on the experts (`target_parameters`), trained instead of
+    # the model, every adapter set to the same values as the reference's (an EP rank: its experts' blocks)
+    lora: bool
     # the reference is the same recipe under stock dense ZeRO-3 on as many ranks, not one process: TRL turns the MoE
     # load-balancing loss on, computed per micro-batch and scaled by the Trainer with the ranks' token count, which
     # one process on the global batch does not reproduce

@@ -62,11 +62,11 @@ def _final_weight_problems(
     each tensor within the bound (`not (x <= bound)`: a NaN fails). Returns the problems and the worst tensor."""
     problems = _names_differ(f"rank {rank}: final weights", set(result["weights"]), set(reference))
     largest, worst = 0.0, ""
+    experts = next((reference[n].shape[0] for n in result["experts"] if "lora_" not in n and n in reference), 1)
     for name in sorted(set(result["weights"]) & set(reference)):
         weight, full = result["weights"][name], reference[name]
         if name in result["experts"]:
-            n = full.shape[0] // ep
-            full = full[rank % ep * n : (rank % ep + 1) * n]
+            full = expert_slice(name, full, rank % ep, ep, experts)
         if weight.shape != full.shape:
             problems.append(f"rank {rank}: {name} has shape {tuple(weight.shape)}, expected {tuple(full.shape)}")
             continue
@@ -76,6 +76,17 @@ def _final_weight_problems(
         if relative > largest or relative != relative:
             largest, worst = relative, name
     return problems, largest, worst
+
+
+def expert_slice(name: str, full: Any, index: int, ep: int, experts: int) -> Any:
+    """The part of a whole tensor that EP rank `index` of `ep` holds: its experts' rows, or for a PEFT `lora_B` of
+    stacked experts (columns rank-major, expert-minor) its experts' columns."""
+    if "lora_B" in name:
+        blocks = full.reshape(full.shape[0], -1, experts)
+        n = experts // ep
+        return blocks[:, :, index * n : (index + 1) * n].reshape(full.shape[0], -1)
+    n = full.shape[0] // ep
+    return full[index * n : (index + 1) * n]
 
 
 def handover_problems(rank: int, policy: str, experts: list[str], unchanged: dict[str, bool]) -> list[str]:

@@ -99,7 +99,7 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
         "model_class": ARCHITECTURES[case.arch].model_class,
         "checkpoint": str(checkpoints / case.arch),
         "steps": case.steps,
-        "lr": 1e-1 if case.optimizer == "sgd" else 1e-3,
+        "lr": case.lr or (1e-1 if case.optimizer == "sgd" else 1e-3),
         "optimizer": case.optimizer,
         "distributed": case.shape.expert_parallel_config(),
         "clip": case.clip,
@@ -109,6 +109,7 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
         "save_steps": RESUME_AFTER if case.resume else 0,
         "resume_from": "",
         "offload": case.offload,
+        "lora": case.lora,
         "distributed_reference": case.trainer is Trainer.TRL_SFT,
     }
 

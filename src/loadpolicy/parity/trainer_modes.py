@@ -98,6 +98,9 @@ def train_with_trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank
     args = _training_arguments(spec, world, out)
     stage("from_pretrained")
     model = load_ep(spec, world) if spec["mode"] != "trl_reference" else _load_dense(spec)
+    if spec["lora"]:
+        stage("get_peft_model")
+        model = with_lora(model)
     loaded = loaded_state(model)
     losses: list[float] = []
 
@@ -134,6 +137,59 @@ def train_with_trainer(spec: ParitySpec, stage: Stage, out: Path) -> TrainedRank
     if spec["export_dir"]:
         result["export"] = save_for_the_hub(spec, stage, trainer.save_model)
     return result
+
+
+# Attention projections as modules, the experts' stacked weights as parameters (PEFT's `target_parameters`)
+LORA_RANK = 2
+LORA = {
+    "r": LORA_RANK,
+    "lora_alpha": 2 * LORA_RANK,
+    "target_modules": ["q_proj", "v_proj"],
+    "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+}
+
+
+def with_lora(model: Any) -> Any:
+    """The model with a LoRA adapter, every adapter weight set from a generator seeded by its name (B too, so that the
+    first step moves every factor). An adapter of a rank's expert shard gets the blocks of the whole adapter that
+    belong to the rank's experts: PEFT stacks experts as rows of `lora_A` (expert-major) and columns of `lora_B`
+    (rank-major, expert-minor)."""
+    import hashlib  # noqa: PLC0415
+
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+    from peft.tuners.lora.layer import ParamWrapper  # noqa: PLC0415
+
+    model = get_peft_model(model, LoraConfig(**LORA))
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def whole(param: Any, shape: tuple[int, ...]) -> Any:
+        seed = int(hashlib.sha256(names[id(param)].encode()).hexdigest()[:8], 16)
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.2
+
+    with torch.no_grad():
+        for module in model.modules():
+            if not hasattr(module, "lora_A"):
+                continue
+            lora_a, lora_b = module.lora_A["default"].weight, module.lora_B["default"].weight
+            experts, first, local = 1, 0, 1
+            if isinstance(module, ParamWrapper):
+                experts, first, local = _expert_blocks(module.get_param())
+            rows = lora_a.shape[0] // local  # the LoRA rank
+            lora_a.copy_(whole(lora_a, (rows * experts, lora_a.shape[1]))[first * rows : (first + local) * rows])
+            b = whole(lora_b, (lora_b.shape[0], rows * experts)).reshape(lora_b.shape[0], rows, experts)
+            lora_b.copy_(b[:, :, first : first + local].reshape(lora_b.shape))
+    return model
+
+
+def _expert_blocks(param: Any) -> tuple[int, int, int]:
+    """(experts in the checkpoint, the first one this rank holds, how many it holds) of an expert parameter."""
+    local = int(getattr(param, "ds_shape", param.shape)[0])
+    if getattr(param, "ds_zero_placement_family", None) != "autoep_expert":
+        return local, 0, local
+    from transformers.integrations.deepspeed import checkpoint_rows  # noqa: PLC0415  # the patched tree's
+
+    shape, first = checkpoint_rows(param)
+    return int(shape[0]), int(first), local
 
 
 def _load_dense(spec: ParitySpec) -> Any:

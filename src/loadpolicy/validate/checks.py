@@ -40,6 +40,9 @@ OUR_PACKAGE = Path(loadpolicy.__file__).resolve().parent
 class Target(enum.StrEnum):
     TREE = "patched tree"  # paths relative to src/transformers of the patched checkout
     POLICY = "loadpolicy"  # paths relative to our package
+    # paths relative to the installed (patched) peft package, copied into the patched tree's `src`, which every launch
+    # puts first on its path
+    PEFT = "peft"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,11 @@ DENSE_ZERO3 = Check(
 EXPORT = Check(
     "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
     parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+)
+
+LORA_ON_EXPERTS = Check(
+    "parity: qwen3_moe, TRL SFT + LoRA on attention and experts x2, token dispatch",
+    parity=ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2),
 )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import importlib.util
 import json
 import re
 import shutil
@@ -72,6 +73,13 @@ def mutated_copy(mutation: Mutation | None, target: Target, setup: Setup, dest: 
     if target is Target.TREE:
         shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
         root = dest / "src" / "transformers"
+    elif target is Target.PEFT:
+        shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
+        installed = importlib.util.find_spec("peft")
+        if installed is None or installed.origin is None:
+            raise MutationError("a PEFT mutation needs peft installed (tox -e mutants installs the PEFT series)")
+        root = dest / "src" / "peft"
+        shutil.copytree(Path(installed.origin).parent, root, ignore=skip)
     else:
         shutil.copytree(OUR_PACKAGE, dest / "loadpolicy", ignore=skip)
         root = dest / "loadpolicy"

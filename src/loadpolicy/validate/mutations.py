@@ -9,6 +9,7 @@ from loadpolicy.validate.checks import (
     DISPATCH,
     EP_LOAD,
     EXPORT,
+    LORA_ON_EXPERTS,
     MOE_ZERO3,
     QUANTIZED,
     SGD,
@@ -384,6 +385,17 @@ MUTATIONS = (
         fault("checkpoint missing expert 3's weights"),
         'expected an error with \\"ValueError: The checkpoint lacks .*got'
         " RuntimeError: You set `ignore_mismatched_sizes`",
+    ),
+    Mutation(
+        "lora-adapters-of-experts-left-unplaced",
+        "PEFT places the adapter of a rank's expert shard in that shard's expert groups (PEFT series)",
+        Target.PEFT,
+        "tuners/lora/layer.py",
+        "        self._place_adapter_like_param(adapter_name)\n",
+        "",
+        LORA_ON_EXPERTS,
+        # untagged, the adapter is not an expert shard: DeepSpeed broadcasts rank 0's and averages it over the world
+        "rank \\d: (final )?\\S+experts\\S*\\.lora_[AB]\\.default\\.weight (differs by|has shape)",
     ),
     *SAVING_MUTATIONS,
 )
