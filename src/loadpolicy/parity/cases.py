@@ -83,7 +83,7 @@ class ParityCase:
         extra += " | LoRA on attention and experts" if self.lora else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
-            f"{self.optimizer}, clip {self.clip}{extra} | {self.tree}"
+            f"{self.optimizer}{f' lr {self.lr:g}' if self.lr else ''}, clip {self.clip}{extra} | {self.tree}"
         )
 
 
