@@ -40,14 +40,19 @@ class Rank:
         return self.out / f"rank{self.rank}{suffix}"
 
     def write(self, result: Mapping[str, Any], suffix: str = ".json") -> None:
-        """The rank's result: JSON, or (suffix ".pt") a `torch.save` file for results holding tensors."""
+        """The rank's result: JSON, or (suffix ".pt") a `torch.save` file for results holding tensors. Written under
+        a temporary name and renamed, so a result that exists is whole: the launcher may kill this rank as soon as
+        another exits, and the others wait only until every result exists."""
         result = {**result, **self.facts}
+        final = self.result_path(suffix)
+        partial = final.with_name(f".{final.name}.partial")
         if suffix == ".json":
-            self.result_path(suffix).write_text(json.dumps(result), encoding="utf-8")
-            return
-        import torch  # noqa: PLC0415  # only workers whose results hold tensors need it
+            partial.write_text(json.dumps(result), encoding="utf-8")
+        else:
+            import torch  # noqa: PLC0415  # only workers whose results hold tensors need it
 
-        torch.save(result, self.result_path(suffix))
+            torch.save(result, partial)
+        partial.replace(final)
 
     def failure(self, exc: BaseException) -> dict[str, Any]:
         return {
