@@ -98,6 +98,27 @@ def test_a_rank_writes_its_result_with_its_facts(tmp_path: Path, monkeypatch: py
     assert (tmp_path / "rank1.stage").read_text() == "done"
 
 
+def test_a_result_appears_only_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peers exit once every result file exists, and the launcher may then kill this rank: a result file must never
+    exist before its contents do."""
+    monkeypatch.setenv("RANK", "0")
+    rank = Rank(tmp_path)
+    written: list[Path] = []
+    real_write_text = Path.write_text
+
+    def observed(path: Path, *args: Any, **kwargs: Any) -> int:
+        written.append(path)
+        return real_write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", observed)
+    rank.write({"error": None})
+    # the bytes go elsewhere first: under the result's own name they would be seen half-written
+    assert written
+    assert tmp_path / "rank0.json" not in written
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"error": None}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
+
+
 def test_a_failing_rank_says_where_and_why_then_exits_with_the_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
