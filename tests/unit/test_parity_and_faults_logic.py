@@ -66,8 +66,10 @@ def test_parity_names_the_rank_and_what_differs(change: Any, needle: str) -> Non
     assert any(needle in problem for problem in problems), problems
 
 
-def test_a_reload_that_changes_the_next_step_fails() -> None:
-    saved = {
+def saved_checkpoint() -> dict[str, Any]:
+    """A rank's record of save_checkpoint and reload that passes: the frozen patterns matched, the extra step equal,
+    and `zero_to_fp32` refusing by name."""
+    return {
         "loaded": True,
         "frozen": [
             "model.embed_tokens.weight",
@@ -82,6 +84,10 @@ def test_a_reload_that_changes_the_next_step_fails() -> None:
         "zero_to_fp32_error": REFUSAL,
         "zero_to_fp32_state": {},
     }
+
+
+def test_a_reload_that_changes_the_next_step_fails() -> None:
+    saved = saved_checkpoint()
     assert checkpoint_problems([{"checkpoint": saved, "experts": [EXPERT]}]) == []
     # the expert pattern matched nothing (a rename): the frozen-expert path was not exercised
     drifted = dict(saved, weights_resumed={"w": torch.tensor([1.0, 1.5])}, frozen=saved["frozen"][:2])
@@ -350,25 +356,13 @@ def test_offload_is_a_case_only_input_the_one_process_reference_ignores(tmp_path
 
 
 def checkpointed_ranks(error: str, state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Two EP ranks after save_checkpoint, rank 0 with `zero_to_fp32`'s outcome."""
-    saved = {
-        "loaded": True,
-        "frozen": [
-            "model.embed_tokens.weight",
-            "model.layers.0.self_attn.q_proj.weight",
-            "model.layers.0.mlp.experts.down_proj",
-        ],
-        "restored_equal": True,
-        "loss_continued": 3.0,
-        "loss_resumed": 3.0,
-        "weights_continued": {},
-        "weights_resumed": {},
-    }
+    """Two EP ranks after save_checkpoint, rank 0 with `zero_to_fp32`'s outcome (the others record none)."""
     ranks = [rank_result(rank) for rank in range(2)]
     for rank, result in enumerate(ranks):
-        result["checkpoint"] = saved | {"zero_to_fp32_error": "", "zero_to_fp32_state": {}}
-        if rank == 0:
-            result["checkpoint"] |= {"zero_to_fp32_error": error, "zero_to_fp32_state": state}
+        result["checkpoint"] = saved_checkpoint() | {
+            "zero_to_fp32_error": error if rank == 0 else "",
+            "zero_to_fp32_state": state if rank == 0 else {},
+        }
     return ranks
 
 

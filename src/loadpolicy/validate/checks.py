@@ -8,6 +8,7 @@ when it did not, everything it said about why (`mutants` matches the reason agai
 from __future__ import annotations
 
 import enum
+import importlib.util
 import os
 import subprocess
 import sys
@@ -43,6 +44,12 @@ class Target(enum.StrEnum):
     # paths relative to the installed (patched) peft package, copied into the patched tree's `src`, which every launch
     # puts first on its path
     PEFT = "peft"
+
+
+def installed_peft() -> Path | None:
+    """The installed PEFT package (with the PEFT series where the environment installs it), if any."""
+    found = importlib.util.find_spec("peft")
+    return None if found is None or found.origin is None else Path(found.origin).parent
 
 
 @dataclass(frozen=True, slots=True)

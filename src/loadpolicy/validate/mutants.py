@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import importlib.util
 import json
 import re
 import shutil
@@ -25,7 +24,7 @@ from loadpolicy.errors import CommandError
 from loadpolicy.faults.run import build_fault_checkpoints
 from loadpolicy.harness.launch import Tree, add_launch_arguments
 from loadpolicy.matrix.run import prepare_matrix
-from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target
+from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target, installed_peft
 from loadpolicy.validate.mutation import Mutation
 from loadpolicy.validate.mutations import MUTATIONS
 
@@ -75,11 +74,10 @@ def mutated_copy(mutation: Mutation | None, target: Target, setup: Setup, dest: 
         root = dest / "src" / "transformers"
     elif target is Target.PEFT:
         shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
-        installed = importlib.util.find_spec("peft")
-        if installed is None or installed.origin is None:
+        if (installed := installed_peft()) is None:
             raise MutationError("a PEFT mutation needs peft installed (tox -e mutants installs the PEFT series)")
         root = dest / "src" / "peft"
-        shutil.copytree(Path(installed.origin).parent, root, ignore=skip)
+        shutil.copytree(installed, root, ignore=skip)
     else:
         shutil.copytree(OUR_PACKAGE, dest / "loadpolicy", ignore=skip)
         root = dest / "loadpolicy"
