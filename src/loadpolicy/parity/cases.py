@@ -99,8 +99,21 @@ RECIPES = (
     # LoRA on the experts too (PEFT `target_parameters`), SGD: the adapter of each rank's experts against the same
     # blocks of the reference's full adapter. lr 1e-2: the reference sums each rank's expert gradient before averaging,
     # EP sums the tokens of every rank in one pass; at lr 0.1 that order alone moved the adapters 1e-5-3e-5 apart
-    ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2),
-    ParityCase("qwen3_moe", 4, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dp=2, dispatch=True, lora=True, lr=1e-2),
+    ParityCase(
+        "qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2, export=True
+    ),
+    ParityCase(
+        "qwen3_moe",
+        4,
+        Trainer.TRL_SFT,
+        clip=0.0,
+        optimizer="sgd",
+        dp=2,
+        dispatch=True,
+        lora=True,
+        lr=1e-2,
+        export=True,
+    ),
 )
 TOKEN_DISPATCH = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),

@@ -86,8 +86,9 @@ def run_parity(
         detail += f"; resumed from checkpoint-{RESUME_AFTER} in a new launch: same losses and final weights"
     if case.export and not problems:
         rise = max(r["export"]["save_peak_rise_mib"] for r in results if "export" in r)
+        saved = "the adapter, every expert's, -> PeftModel.from_pretrained" if case.lora else "save_pretrained ->"
         detail += (
-            f"; save_pretrained -> one-process reload on stock: every tensor within {MAX_RELATIVE_DIFF:.0e}, "
+            f"; {saved} one-process reload on stock: every tensor within {MAX_RELATIVE_DIFF:.0e}, "
             f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
         )
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
@@ -207,7 +208,7 @@ def _export_problems(
     reload = parse(raw, Reloaded)
     if isinstance(reload, RankFailure):
         return [f"reload: {reload.error[:300]}"]
-    return compare_export(single, reload, results)
+    return compare_export(single, reload, results, adapter=spec["lora"])
 
 
 def _resume_problems(

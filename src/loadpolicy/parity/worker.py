@@ -203,6 +203,8 @@ def _reload(spec: ParitySpec, stage: Stage) -> Reloaded:
                 names += handle.keys()
         return sorted(names)
 
+    if spec["lora"]:
+        return _reload_adapter(spec, stage, on_disk)
     stage("from_pretrained")
     model, info = getattr(transformers, spec["model_class"]).from_pretrained(
         spec["export_dir"], dtype=torch.float32, output_loading_info=True
@@ -212,6 +214,29 @@ def _reload(spec: ParitySpec, stage: Stage) -> Reloaded:
         "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
         "keys_on_disk": on_disk(spec["export_dir"]),
         "keys_in_checkpoint": on_disk(spec["checkpoint"]),
+    }
+
+
+def _reload_adapter(spec: ParitySpec, stage: Stage, on_disk: Callable[[str], list[str]]) -> Reloaded:
+    """One process: the checkpoint the run started from, and the saved adapter on it with `PeftModel.from_pretrained`
+    (which refuses an adapter of the wrong shape); the adapter's tensor names on disk beside those PEFT saves."""
+    from peft import PeftModel  # noqa: PLC0415
+    from peft.utils import get_peft_model_state_dict  # noqa: PLC0415
+
+    stage("from_pretrained")
+    base = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
+    stage("PeftModel.from_pretrained")
+    model = PeftModel.from_pretrained(base, spec["export_dir"])
+    expected = sorted(get_peft_model_state_dict(model))
+    saved = on_disk(spec["export_dir"])
+    return {
+        "weights": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "loading_info": {
+            "missing_keys": sorted(set(expected) - set(saved)),
+            "unexpected_keys": sorted(set(saved) - set(expected)),
+        },
+        "keys_on_disk": saved,
+        "keys_in_checkpoint": expected,
     }
 
 

@@ -161,8 +161,10 @@ EXPORT = Check(
 )
 
 LORA_ON_EXPERTS = Check(
-    "parity: qwen3_moe, TRL SFT + LoRA on attention and experts x2, token dispatch",
-    parity=ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2),
+    "parity: qwen3_moe, TRL SFT + LoRA on attention and experts x2, token dispatch, adapter saved -> reloaded",
+    parity=ParityCase(
+        "qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True, lora=True, lr=1e-2, export=True
+    ),
 )
 
 

@@ -397,5 +397,27 @@ MUTATIONS = (
         # untagged, the adapter is not an expert shard: DeepSpeed broadcasts rank 0's and averages it over the world
         "rank \\d: (final )?\\S+experts\\S*\\.lora_[AB]\\.default\\.weight (differs by|has shape)",
     ),
+    Mutation(
+        "lora-adapter-of-one-rank-saved",
+        "PEFT saves the adapter of every expert, gathered from the ranks that hold them (PEFT series)",
+        Target.PEFT,
+        "utils/save_and_load.py",
+        "        state_dict = _gather_expert_parallel_adapters(state_dict, expert_parallel_adapters, adapter_name)\n",
+        "        pass\n",
+        LORA_ON_EXPERTS,
+        # rank 0's experts under the whole adapter's names: one process refuses the shapes
+        "size mismatch for \\S+experts\\S*\\.lora_[AB]\\.default\\.weight",
+    ),
+    Mutation(
+        "trainer-saves-peft-adapter-unconsolidated",
+        "the Trainer keeps DeepSpeed's consolidation of a PEFT adapter when the load policy saves the model",
+        Target.TREE,
+        "trainer.py",
+        "if accept_exclude_frozen_parameters and _is_peft_model(self.model) and zero3_sharding:",
+        "if False:",
+        LORA_ON_EXPERTS,
+        # the adapter's ZeRO-3 placeholders saved as they are
+        "size mismatch for \\S+\\.lora_[AB]\\.default\\.weight: copying a param with shape torch\\.Size\\(\\[0\\]\\)",
+    ),
     *SAVING_MUTATIONS,
 )
