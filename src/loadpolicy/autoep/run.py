@@ -208,6 +208,8 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "offload": False,
             "lora": False,
             "distributed_reference": False,
+            "resumed_distributed": {},
+            "resumed_steps": 0,
         }
         # The reference runs on the stock tree (not the code under test), as in parity.
         directory = out / "runs" / arch

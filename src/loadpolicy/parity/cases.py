@@ -59,6 +59,9 @@ class ParityCase:
     lora: bool = False
     # the learning rate where the optimizer's default (SGD 0.1, AdamW 1e-3) would not do
     lr: float | None = None
+    # DeepSpeed only: after training, save DeepSpeed's checkpoint, convert it to a Universal Checkpoint and resume
+    # it in a new launch on this many ranks (ep = ranks, the same spelling), optimizer state included
+    resumed_ranks: int = 0
 
     @property
     def steps(self) -> int:
@@ -73,6 +76,15 @@ class ParityCase:
         return LaunchShape.experts_over(self.ranks, self.ranks // self.dp, zero3=True)
 
     @property
+    def resumed_shape(self) -> LaunchShape | None:
+        """The topology a Universal Checkpoint of this case resumes at: every rank an EP rank."""
+        if not self.resumed_ranks:
+            return None
+        if self.dispatch:
+            return LaunchShape.dispatching(self.resumed_ranks, self.resumed_ranks, zero3=True)
+        return LaunchShape.experts_over(self.resumed_ranks, self.resumed_ranks, zero3=True)
+
+    @property
     def label(self) -> str:
         extra = " | frozen + save/reload" if self.checkpoint else ""
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
@@ -81,6 +93,7 @@ class ParityCase:
         extra += " | resume after 2 of 4 steps" if self.resume else ""
         extra += " | parameters and optimizer offloaded to the CPU" if self.offload else ""
         extra += " | LoRA on attention and experts" if self.lora else ""
+        extra += f" | Universal Checkpoint -> resumed x{self.resumed_ranks}" if self.resumed_ranks else ""
         return (
             f"training parity | {self.arch} | {self.trainer} x{self.ranks} ({self.trainer.launcher}) | "
             f"{self.optimizer}{f' lr {self.lr:g}' if self.lr else ''}, clip {self.clip}{extra} | {self.tree}"
@@ -114,6 +127,14 @@ RECIPES = (
         lr=1e-2,
         export=True,
     ),
+)
+# Resuming on another topology, optimizer state included: DeepSpeed's checkpoint saved at 4 ranks (ep 4, and dp 2 x
+# ep 2), converted to a Universal Checkpoint (DeepSpeed series PR 5 converts experts the caller placed), resumed at 2
+# ranks (ep 2) for 3 more steps; one process trains the same steps on each topology's global batches. AdamW: its
+# moments are what the conversion must carry.
+RESUME_TOPOLOGY = (
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True, resumed_ranks=2),
+    ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True, resumed_ranks=2),
 )
 TOKEN_DISPATCH = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
@@ -159,6 +180,7 @@ PARITY_FULL = (
     # fsdp ranks; W = 2 and 4 with ep = W, and W = 4 with ep = 2 (2 ranks hold each expert: efsdp = 2)
     *TOKEN_DISPATCH,
     *RECIPES,
+    *RESUME_TOPOLOGY,
 )
 # Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
 # training that saves has one export case here.
@@ -183,4 +205,5 @@ PARITY_MAIN = (
     ParityCase("mixtral", 4, Trainer.HF_TRAINER, dp=2, export=True),
     RECIPES[0],
     RECIPES[5],
+    RESUME_TOPOLOGY[1],
 )

@@ -92,3 +92,8 @@ class ParitySpec(TypedDict):
     # load-balancing loss on, computed per micro-batch and scaled by the Trainer with the ranks' token count, which
     # one process on the global batch does not reproduce
     distributed_reference: bool
+    # resuming at another topology: after `steps`, DeepSpeed's checkpoint is converted to a Universal Checkpoint and a
+    # new launch with this distributed config ({} for none) loads it and trains `resumed_steps` more steps; the one
+    # process trains the same steps on that topology's global batches
+    resumed_distributed: dict[str, int | bool]
+    resumed_steps: int

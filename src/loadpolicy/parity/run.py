@@ -26,6 +26,7 @@ from loadpolicy.parity.judges import (
     compare_export,
     compare_resumed,
     compare_training,
+    relative_diff,
 )
 from loadpolicy.tinymodels.architectures import ARCHITECTURES
 
@@ -78,20 +79,31 @@ def run_parity(
     results = [r for r in parsed if not isinstance(r, RankFailure)]
     if errors:
         return _outcome(case, start, errors)
-    problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
+    if case.resumed_ranks:
+        problems, loss_rel, weight_rel = _resumed_problems(case, spec, trees[case.tree], out, single, results, timeout)
+    else:
+        problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
     if not problems:
         problems += _after_training_problems(case, spec, trees, out, single, results, timeout)
-    detail = "; ".join(problems) or f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
-    if case.resume and not problems:
+    detail = "; ".join(problems) or _passed_detail(case, results, loss_rel, weight_rel)
+    return _outcome(case, start, problems, detail, loss_rel, weight_rel)
+
+
+def _passed_detail(case: ParityCase, results: list[TrainedRank], loss_rel: float, weight_rel: float) -> str:
+    """What a passing case showed, after training and after what the user does next."""
+    detail = f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
+    if case.resume:
         detail += f"; resumed from checkpoint-{RESUME_AFTER} in a new launch: same losses and final weights"
-    if case.export and not problems:
+    if case.resumed_ranks:
+        detail += f" (the {case.resumed_ranks}-rank launch resumed from the Universal Checkpoint, against one process)"
+    if case.export:
         rise = max(r["export"]["save_peak_rise_mib"] for r in results if "export" in r)
         saved = "the adapter, every expert's, -> PeftModel.from_pretrained" if case.lora else "save_pretrained ->"
         detail += (
             f"; {saved} one-process reload on stock: every tensor within {MAX_RELATIVE_DIFF:.0e}, "
             f"names as the checkpoint's (save peak rise {rise:.1f} MiB)"
         )
-    return _outcome(case, start, problems, detail, loss_rel, weight_rel)
+    return detail
 
 
 def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
@@ -105,13 +117,15 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
         "distributed": case.shape.expert_parallel_config(),
         "clip": case.clip,
         "frozen": list(FROZEN) if case.checkpoint else [],
-        "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint else "",
+        "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint or case.resumed_ranks else "",
         "export_dir": str((out / "export").resolve()) if case.export else "",
         "save_steps": RESUME_AFTER if case.resume else 0,
         "resume_from": "",
         "offload": case.offload,
         "lora": case.lora,
         "distributed_reference": case.trainer is Trainer.TRL_SFT,
+        "resumed_distributed": resumed.expert_parallel_config() if (resumed := case.resumed_shape) else {},
+        "resumed_steps": RESUMED_STEPS if case.resumed_ranks else 0,
     }
 
 
@@ -209,6 +223,41 @@ def _export_problems(
     if isinstance(reload, RankFailure):
         return [f"reload: {reload.error[:300]}"]
     return compare_export(single, reload, results, adapter=spec["lora"])
+
+
+RESUMED_STEPS = 3
+
+
+def _resumed_problems(
+    case: ParityCase,
+    spec: ParitySpec,
+    tree: Path,
+    out: Path,
+    single: SingleRun,
+    results: list[TrainedRank],
+    timeout: float,
+) -> tuple[list[str], float, float]:
+    """The steps before the save against the one process's first steps (losses: its weights are those after the
+    resumed steps too), then a new launch at the resumed topology from the Universal Checkpoint against the rest."""
+    import torch  # noqa: PLC0415
+
+    steps = spec["steps"]
+    before = torch.tensor([r["losses"] for r in results]).mean(dim=0)
+    if not (relative_diff(before, torch.tensor(single["losses"][:steps])) <= MAX_RELATIVE_DIFF):
+        return [f"the {case.ranks}-rank steps before the save differ from one process: {before.tolist()}"], 0.0, 0.0
+    directory = out / "resumed"
+    resumed_spec = spec | {"distributed": spec["resumed_distributed"]}
+    error = _run_mode(
+        resumed_spec, "resume_universal", case.resumed_ranks, Launcher.TORCHRUN, tree, directory, timeout
+    )
+    if error is not None:
+        return [f"resumed launch: {error}"], 0.0, 0.0
+    parsed = [parse(read_raw(directory / f"rank{rank}.pt"), TrainedRank) for rank in range(case.resumed_ranks)]
+    errors = [f"resumed rank {rank}: {r.error[:300]}" for rank, r in enumerate(parsed) if isinstance(r, RankFailure)]
+    if errors:
+        return errors, 0.0, 0.0
+    after: SingleRun = {"losses": single["losses"][steps:], "weights": single["weights"]}
+    return compare_training(after, [r for r in parsed if not isinstance(r, RankFailure)])
 
 
 def _resume_problems(

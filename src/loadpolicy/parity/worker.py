@@ -32,10 +32,12 @@ def replicas(sizes: Mapping[str, int | bool]) -> int:
     return batches
 
 
-def fixed_batches(spec: ParitySpec, steps: int) -> list[Any]:
-    """One fixed global batch per step: `dp` micro-batches of MICRO_BATCH rows, one per data-parallel replica."""
+def fixed_batches(spec: ParitySpec, steps: int, first: int = 0) -> list[Any]:
+    """One fixed global batch per step (steps `first` on): `dp` micro-batches of MICRO_BATCH rows, one per
+    data-parallel replica."""
     rows = MICRO_BATCH * replicas(spec["distributed"])
-    return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in range(steps)]
+    seeds = range(first, first + steps)
+    return [torch.randint(0, 64, (rows, 8), generator=torch.Generator().manual_seed(s)) for s in seeds]
 
 
 def replica_batch(batch: Any, spec: ParitySpec, rank: int, world: int) -> Any:
@@ -82,7 +84,12 @@ def train_single(spec: ParitySpec, stage: Stage) -> SingleRun:
     freeze(model, spec["frozen"])
     optimizer = make_optimizer(model, spec)
     losses = []
-    for step, ids in enumerate(fixed_batches(spec, spec["steps"])):
+    batches = fixed_batches(spec, spec["steps"])
+    if spec["resumed_steps"]:  # then the resumed topology's global batches
+        batches += fixed_batches(
+            spec | {"distributed": spec["resumed_distributed"]}, spec["resumed_steps"], len(batches)
+        )
+    for step, ids in enumerate(batches):
         stage(f"step {step}")
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -143,7 +150,9 @@ def unchanged_experts(loaded: dict[str, Any], module: Any) -> dict[str, bool]:
     return {n: bool(torch.equal(loaded["before"][n], after[n])) for n in loaded["experts"]}
 
 
-def _engine(spec: ParitySpec, world: int, stage: Stage) -> tuple[Any, dict[str, Any]]:
+def _engine(
+    spec: ParitySpec, world: int, stage: Stage, extra: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
     import deepspeed  # noqa: PLC0415
 
     stage("from_pretrained")
@@ -151,7 +160,7 @@ def _engine(spec: ParitySpec, world: int, stage: Stage) -> tuple[Any, dict[str, 
     loaded = loaded_state(model)
     stage("deepspeed.initialize")
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=make_optimizer(model, spec), config=deepspeed_config(spec, world)
+        model=model, optimizer=make_optimizer(model, spec), config=deepspeed_config(spec, world) | (extra or {})
     )
     return engine, loaded
 
@@ -254,9 +263,57 @@ def _deepspeed(spec: ParitySpec, stage: Stage) -> TrainedRank:
     result = trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
         result["export"] = save_for_the_hub(spec, stage, engine.module.save_pretrained)
-    if spec["checkpoint_dir"]:
+    if spec["checkpoint_dir"] and spec["resumed_steps"]:
+        _save_universal(spec, engine, stage)
+    elif spec["checkpoint_dir"]:
         result["checkpoint"] = _save_and_reload(spec, world, engine, batches[-1], stage)
     return result
+
+
+UNIVERSAL_TAG = "universal"
+
+
+def _save_universal(spec: ParitySpec, engine: Any, stage: Stage) -> None:
+    """Save DeepSpeed's checkpoint, then (rank 0, once every rank has written) convert it to a Universal Checkpoint,
+    which another topology can load."""
+    import argparse  # noqa: PLC0415
+
+    from deepspeed.checkpoint import ds_to_universal  # noqa: PLC0415
+
+    stage("save_checkpoint")
+    engine.save_checkpoint(spec["checkpoint_dir"], tag="parity")
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        stage("ds_to_universal")
+        folder = Path(spec["checkpoint_dir"])
+        options = {"num_extract_workers": 1, "num_merge_workers": 1, "keep_temp_folder": False}
+        options |= {"strict": True, "inject_missing_state": False}
+        ds_to_universal.main(
+            argparse.Namespace(
+                input_folder=str(folder / "parity"), output_folder=str(folder / UNIVERSAL_TAG), **options
+            )
+        )
+    torch.distributed.barrier()
+
+
+def _resume_universal(spec: ParitySpec, stage: Stage) -> TrainedRank:
+    """A new launch at another topology: load, wrap with `load_universal`, load the Universal Checkpoint, and train
+    the resumed steps on this topology's micro-batches."""
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
+
+    world = int(os.environ["WORLD_SIZE"])
+    keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
+    engine, loaded = _engine(spec, world, stage, {"checkpoint": {"load_universal": True}})
+    unchanged = unchanged_experts(loaded, engine.module)
+    stage("load_checkpoint")
+    path, _ = engine.load_checkpoint(spec["checkpoint_dir"], tag=UNIVERSAL_TAG)
+    if path is None:
+        raise RuntimeError(f"load_checkpoint found no Universal Checkpoint in {spec['checkpoint_dir']}")
+    rank = int(os.environ["RANK"])
+    batches = fixed_batches(spec, spec["resumed_steps"], first=spec["steps"])
+    losses = train_engine(engine, [replica_batch(b, spec, rank, world) for b in batches], stage, spec["steps"])
+    stage("gather")
+    return trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
 
 
 def _save_and_reload(spec: ParitySpec, world: int, engine: Any, batch: Any, stage: Stage) -> SavedCheckpoint:
@@ -375,9 +432,12 @@ def _train(rank: Rank, spec: ParitySpec) -> SingleRun | TrainedRank | Reloaded:
             return trl_reference(spec, rank.stage, rank.out)
         case "reload":
             return _reload(spec, rank.stage)
+        case "resume_universal":
+            return _resume_universal(spec, rank.stage)
         case mode:
             raise ValueError(
-                f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, trl, trl_reference, reload"
+                f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, trl, trl_reference, "
+                "reload, resume_universal"
             )
 
 
