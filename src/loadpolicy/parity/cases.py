@@ -135,6 +135,7 @@ RECIPES = (
 RESUME_TOPOLOGY = (
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dispatch=True, resumed_ranks=2),
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True, resumed_ranks=2),
+    ParityCase("mixtral", 4, Trainer.DEEPSPEED, resumed_ranks=2),  # tp = ep, clipped
 )
 TOKEN_DISPATCH = (
     ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dispatch=True, export=True),
