@@ -41,14 +41,16 @@ OUR_PACKAGE = Path(loadpolicy.__file__).resolve().parent
 class Target(enum.StrEnum):
     TREE = "patched tree"  # paths relative to src/transformers of the patched checkout
     POLICY = "loadpolicy"  # paths relative to our package
-    # paths relative to the installed (patched) peft package, copied into the patched tree's `src`, which every launch
-    # puts first on its path
+    # paths relative to the installed (patched) peft or deepspeed package, copied into the patched tree's `src`, which
+    # every launch puts first on its path
     PEFT = "peft"
+    DEEPSPEED = "deepspeed"
 
 
-def installed_peft() -> Path | None:
-    """The installed PEFT package (with the PEFT series where the environment installs it), if any."""
-    found = importlib.util.find_spec("peft")
+def installed_package(target: Target) -> Path | None:
+    """The installed package a PEFT or DeepSpeed mutation copies (with its series where the environment installs it),
+    if any."""
+    found = importlib.util.find_spec(target.value)
     return None if found is None or found.origin is None else Path(found.origin).parent
 
 
@@ -159,6 +161,12 @@ EXPORT = Check(
     "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
     parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
 )
+
+RESUME_AT_ANOTHER_TOPOLOGY = Check(
+    "parity: qwen3_moe, DeepSpeed AdamW x4 dp 2 x ep 2, token dispatch, Universal Checkpoint -> resumed x2",
+    parity=ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True, resumed_ranks=2),
+)
+
 
 LORA_ON_EXPERTS = Check(
     "parity: qwen3_moe, TRL SFT + LoRA on attention and experts x2, token dispatch, adapter saved -> reloaded",

@@ -24,7 +24,7 @@ from loadpolicy.errors import CommandError
 from loadpolicy.faults.run import build_fault_checkpoints
 from loadpolicy.harness.launch import Tree, add_launch_arguments
 from loadpolicy.matrix.run import prepare_matrix
-from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target, installed_peft
+from loadpolicy.validate.checks import OUR_PACKAGE, Setup, Target, installed_package
 from loadpolicy.validate.mutation import Mutation
 from loadpolicy.validate.mutations import MUTATIONS
 
@@ -72,11 +72,11 @@ def mutated_copy(mutation: Mutation | None, target: Target, setup: Setup, dest: 
     if target is Target.TREE:
         shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
         root = dest / "src" / "transformers"
-    elif target is Target.PEFT:
+    elif target in (Target.PEFT, Target.DEEPSPEED):
         shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
-        if (installed := installed_peft()) is None:
-            raise MutationError("a PEFT mutation needs peft installed (tox -e mutants installs the PEFT series)")
-        root = dest / "src" / "peft"
+        if (installed := installed_package(target)) is None:
+            raise MutationError(f"a {target} mutation needs {target} installed (tox -e mutants installs its series)")
+        root = dest / "src" / target.value
         shutil.copytree(installed, root, ignore=skip)
     else:
         shutil.copytree(OUR_PACKAGE, dest / "loadpolicy", ignore=skip)

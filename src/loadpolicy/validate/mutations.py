@@ -12,6 +12,7 @@ from loadpolicy.validate.checks import (
     LORA_ON_EXPERTS,
     MOE_ZERO3,
     QUANTIZED,
+    RESUME_AT_ANOTHER_TOPOLOGY,
     SGD,
     UNITS,
     Target,
@@ -418,6 +419,28 @@ MUTATIONS = (
         LORA_ON_EXPERTS,
         # the adapter's ZeRO-3 placeholders saved as they are
         "size mismatch for \\S+\\.lora_[AB]\\.default\\.weight: copying a param with shape torch\\.Size\\(\\[0\\]\\)",
+    ),
+    Mutation(
+        "universal-experts-in-reversed-expert-parallel-order",
+        "DeepSpeed records each caller-placed expert partition's expert-parallel rank (DeepSpeed series)",
+        Target.DEEPSPEED,
+        "runtime/engine.py",
+        "                'ep_rank': groups._get_expert_parallel_rank(group_name),",
+        "                'ep_rank': ep_size - 1 - groups._get_expert_parallel_rank(group_name),",
+        RESUME_AT_ANOTHER_TOPOLOGY,
+        # the experts of one rank resumed as another's
+        "resumed|rank \\d: final \\S+experts\\.(gate_up|down)_proj differs by",
+    ),
+    Mutation(
+        "universal-load-shares-the-step-counter",
+        "a Universal Checkpoint load gives each optimizer sub-group its own step counter (DeepSpeed series)",
+        Target.DEEPSPEED,
+        "runtime/zero/stage3.py",
+        "self.optimizer.state[fp32_param]['step'] = (state_step.clone()",
+        "self.optimizer.state[fp32_param]['step'] = (state_step",
+        RESUME_AT_ANOTHER_TOPOLOGY,
+        # Adam's bias correction off after the resume: every weight moves differently
+        "rank \\d: final \\S+ differs by",
     ),
     *SAVING_MUTATIONS,
 )
