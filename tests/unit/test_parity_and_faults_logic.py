@@ -425,3 +425,37 @@ def test_an_adapter_averaged_over_ranks_that_hold_other_experts_fails() -> None:
         result["weights"][name] = averaged.clone()
     problems, _, _ = compare_training(reference, ranks)
     assert any(f"final {name} differs" in p for p in problems), problems
+
+
+def test_a_resumed_case_hands_the_new_topology_to_its_launch_and_to_the_one_process_reference(tmp_path: Path) -> None:
+    """The resumed launch gets the resumed topology's distributed config; the reference trains the same steps (its key
+    differs from the case's without resuming, so a reference that did not continue is never reused for it)."""
+    from loadpolicy.parity.run import _CASE_ONLY, RESUMED_STEPS, _worker_spec
+
+    resumed = _worker_spec(
+        ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True, resumed_ranks=2),
+        tmp_path,
+        tmp_path,
+    )
+    plain = _worker_spec(
+        ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True), tmp_path, tmp_path
+    )
+    assert resumed["distributed"] == {"fsdp_size": 4, "ep_size": 2}
+    assert resumed["resumed_distributed"] == {"fsdp_size": 2, "ep_size": 2}
+    assert (resumed["resumed_steps"], plain["resumed_steps"], plain["resumed_distributed"]) == (RESUMED_STEPS, 0, {})
+    assert resumed["checkpoint_dir"]
+    assert not plain["checkpoint_dir"]
+    assert not {"resumed_distributed", "resumed_steps"} & set(_CASE_ONLY)
+
+
+def test_fixed_batches_go_on_from_a_step_with_the_topology_they_are_given() -> None:
+    """Step s's global batch comes from step s's seed whichever run asks for it; its rows are the topology's
+    replicas' micro-batches."""
+    import torch
+
+    from loadpolicy.parity.worker import MICRO_BATCH, fixed_batches
+
+    spec: Any = {"distributed": {"fsdp_size": 4, "ep_size": 2}}
+    first, then = fixed_batches(spec, 5), fixed_batches(spec | {"distributed": {"fsdp_size": 2, "ep_size": 2}}, 3, 5)
+    assert [b.shape[0] for b in first + then] == [4 * MICRO_BATCH] * 5 + [2 * MICRO_BATCH] * 3
+    assert torch.equal(fixed_batches(spec, 8)[5][: 2 * MICRO_BATCH], then[0])
