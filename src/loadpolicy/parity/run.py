@@ -9,6 +9,7 @@ and on the stock tree, where it must fail (the report shows how).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,9 @@ def run_parity(
     """Run `case` against its one-process reference. `references`, shared by the cases of one validation, keeps each
     reference's directory by what trains it, so cases that train the same way run it once."""
     spec = _worker_spec(case, checkpoints, out)
+    # what an earlier run left there (another case, when the cases change) must not be judged as this one's
+    for written in filter(None, (spec["export_dir"], spec["checkpoint_dir"])):
+        shutil.rmtree(written, ignore_errors=True)
     start = time.monotonic()
     known = {} if references is None else references
     reference, error = _reference(spec, case.ranks, trees[Tree.STOCK], out / "single", timeout, known)
