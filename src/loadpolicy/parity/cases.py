@@ -7,7 +7,7 @@ and is judged: docs/validation.md.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loadpolicy.harness.launch import Launcher, Tree
 from loadpolicy.parity.judges import RESUME_AFTER
@@ -78,11 +78,7 @@ class ParityCase:
     @property
     def resumed_shape(self) -> LaunchShape | None:
         """The topology a Universal Checkpoint of this case resumes at: every rank an EP rank."""
-        if not self.resumed_ranks:
-            return None
-        if self.dispatch:
-            return LaunchShape.dispatching(self.resumed_ranks, self.resumed_ranks, zero3=True)
-        return LaunchShape.experts_over(self.resumed_ranks, self.resumed_ranks, zero3=True)
+        return replace(self, ranks=self.resumed_ranks, dp=1).shape if self.resumed_ranks else None
 
     @property
     def label(self) -> str:

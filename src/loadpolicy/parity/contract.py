@@ -11,6 +11,8 @@ from typing import Any, NotRequired, TypedDict
 
 
 Tensor = Any  # torch.Tensor: torch is Any to mypy in this project (pyproject.toml)
+# where a case's DeepSpeed checkpoint, converted for another topology, lies: under its `checkpoint_dir`
+UNIVERSAL_TAG = "universal"
 
 
 class SingleRun(TypedDict):
@@ -83,7 +85,7 @@ class ParitySpec(TypedDict):
     checkpoint_dir: str  # "" for none: where `save_checkpoint` writes
     export_dir: str  # "" for none: where the trained model is saved for the Hub
     save_steps: int  # 0 for none: the Trainer's checkpoint interval
-    resume_from: str  # "" for none: the Trainer checkpoint a resumed launch starts from
+    resume_from: str  # "" for none: the Trainer checkpoint, or DeepSpeed's Universal Checkpoint, a launch resumes from
     offload: bool  # ZeRO-3 offloads parameters and optimizer states to the CPU
     # a PEFT LoRA adapter on the attention projections and on the experts (`target_parameters`), trained instead of
     # the model, every adapter set to the same values as the reference's (an EP rank: its experts' blocks)

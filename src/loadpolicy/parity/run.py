@@ -18,7 +18,7 @@ from typing import Any
 from loadpolicy.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree, launch
 from loadpolicy.harness.rank import RankFailure, parse, read_raw, transformers_file
 from loadpolicy.parity.cases import ParityCase, Trainer
-from loadpolicy.parity.contract import ParitySpec, Reloaded, SingleRun, TrainedRank
+from loadpolicy.parity.contract import UNIVERSAL_TAG, ParitySpec, Reloaded, SingleRun, TrainedRank
 from loadpolicy.parity.judges import (
     FROZEN,
     MAX_RELATIVE_DIFF,
@@ -250,10 +250,9 @@ def _resumed_problems(
     if not (relative_diff(before, torch.tensor(single["losses"][:steps])) <= MAX_RELATIVE_DIFF):
         return [f"the {case.ranks}-rank steps before the save differ from one process: {before.tolist()}"], 0.0, 0.0
     directory = out / "resumed"
-    resumed_spec = spec | {"distributed": spec["resumed_distributed"]}
-    error = _run_mode(
-        resumed_spec, "resume_universal", case.resumed_ranks, Launcher.TORCHRUN, tree, directory, timeout
-    )
+    universal = str(Path(spec["checkpoint_dir"]) / UNIVERSAL_TAG)
+    resumed_spec = spec | {"distributed": spec["resumed_distributed"], "resume_from": universal}
+    error = _run_mode(resumed_spec, str(case.trainer), case.resumed_ranks, Launcher.TORCHRUN, tree, directory, timeout)
     if error is not None:
         return [f"resumed launch: {error}"], 0.0, 0.0
     parsed = [parse(read_raw(directory / f"rank{rank}.pt"), TrainedRank) for rank in range(case.resumed_ranks)]

@@ -18,7 +18,15 @@ import transformers
 
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
-from loadpolicy.parity.contract import Export, ParitySpec, Reloaded, SavedCheckpoint, SingleRun, TrainedRank
+from loadpolicy.parity.contract import (
+    UNIVERSAL_TAG,
+    Export,
+    ParitySpec,
+    Reloaded,
+    SavedCheckpoint,
+    SingleRun,
+    TrainedRank,
+)
 
 
 Stage = Callable[[str], None]
@@ -250,27 +258,33 @@ def _reload_adapter(spec: ParitySpec, stage: Stage, on_disk: Callable[[str], lis
 
 
 def _deepspeed(spec: ParitySpec, stage: Stage) -> TrainedRank:
+    """Train `steps` steps; or, in a launch resuming from a Universal Checkpoint (`resume_from`), load it and train
+    the `resumed_steps` after them on this topology's micro-batches."""
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
     keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
-    engine, loaded = _engine(spec, world, stage)
+    resuming = {"checkpoint": {"load_universal": True}} if spec["resume_from"] else {}
+    engine, loaded = _engine(spec, world, stage, resuming)
     unchanged = unchanged_experts(loaded, engine.module)
+    first, steps = (spec["steps"], spec["resumed_steps"]) if resuming else (0, spec["steps"])
+    if resuming:
+        stage("load_checkpoint")
+        folder = Path(spec["resume_from"])
+        if engine.load_checkpoint(str(folder.parent), tag=folder.name)[0] is None:
+            raise RuntimeError(f"load_checkpoint found no Universal Checkpoint in {folder}")
     rank = int(os.environ["RANK"])
-    batches = [replica_batch(batch, spec, rank, world) for batch in fixed_batches(spec, spec["steps"] + 1)]
-    losses = train_engine(engine, batches[:-1], stage)
+    batches = [replica_batch(batch, spec, rank, world) for batch in fixed_batches(spec, steps + 1, first)]
+    losses = train_engine(engine, batches[:-1], stage, first)
     stage("gather")
     result = trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
     if spec["export_dir"]:
         result["export"] = save_for_the_hub(spec, stage, engine.module.save_pretrained)
-    if spec["checkpoint_dir"] and spec["resumed_steps"]:
+    if spec["checkpoint_dir"] and spec["resumed_steps"] and not resuming:
         _save_universal(spec, engine, stage)
-    elif spec["checkpoint_dir"]:
+    elif spec["checkpoint_dir"] and not resuming:
         result["checkpoint"] = _save_and_reload(spec, world, engine, batches[-1], stage)
     return result
-
-
-UNIVERSAL_TAG = "universal"
 
 
 def _save_universal(spec: ParitySpec, engine: Any, stage: Stage) -> None:
@@ -294,26 +308,6 @@ def _save_universal(spec: ParitySpec, engine: Any, stage: Stage) -> None:
             )
         )
     torch.distributed.barrier()
-
-
-def _resume_universal(spec: ParitySpec, stage: Stage) -> TrainedRank:
-    """A new launch at another topology: load, wrap with `load_universal`, load the Universal Checkpoint, and train
-    the resumed steps on this topology's micro-batches."""
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
-
-    world = int(os.environ["WORLD_SIZE"])
-    keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
-    engine, loaded = _engine(spec, world, stage, {"checkpoint": {"load_universal": True}})
-    unchanged = unchanged_experts(loaded, engine.module)
-    stage("load_checkpoint")
-    path, _ = engine.load_checkpoint(spec["checkpoint_dir"], tag=UNIVERSAL_TAG)
-    if path is None:
-        raise RuntimeError(f"load_checkpoint found no Universal Checkpoint in {spec['checkpoint_dir']}")
-    rank = int(os.environ["RANK"])
-    batches = fixed_batches(spec, spec["resumed_steps"], first=spec["steps"])
-    losses = train_engine(engine, [replica_batch(b, spec, rank, world) for b in batches], stage, spec["steps"])
-    stage("gather")
-    return trained_rank(loaded, unchanged, losses, gathered_weights(engine.module))
 
 
 def _save_and_reload(spec: ParitySpec, world: int, engine: Any, batch: Any, stage: Stage) -> SavedCheckpoint:
@@ -432,12 +426,9 @@ def _train(rank: Rank, spec: ParitySpec) -> SingleRun | TrainedRank | Reloaded:
             return trl_reference(spec, rank.stage, rank.out)
         case "reload":
             return _reload(spec, rank.stage)
-        case "resume_universal":
-            return _resume_universal(spec, rank.stage)
         case mode:
             raise ValueError(
-                f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, trl, trl_reference, "
-                "reload, resume_universal"
+                f"unknown mode {mode!r}; accepted: single, deepspeed, accelerate, trainer, trl, trl_reference, reload"
             )
 
 
