@@ -25,6 +25,7 @@ from loadpolicy.throughput import run as throughput_command
 from loadpolicy.upstream import commands as upstream_commands
 from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command
+from loadpolicy.widths import rounds as widths_rounds_command
 from loadpolicy.widths import run as widths_command
 
 
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     throughput_command.add_parser(dev)
     save_command.add_parser(dev)
     widths_command.add_parser(dev)
+    widths_rounds_command.add_parser(dev)
     return parser
 
 

@@ -184,3 +184,34 @@ def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> Non
     broken = Row("s", 2, LIMIT, 1.0, error="rank 1 timed out")
     assert faster(quick, broken) is broken
     assert faster(broken, quick) is broken
+
+
+def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> None:
+    from loadpolicy.widths.rounds import WAYS, round_order
+
+    assert round_order(0) == WAYS
+    assert round_order(1) == WAYS[::-1]
+    # over any two rounds, every way has the same mean position
+    positions = {way: [round_order(i).index(way) for i in range(2)] for way in WAYS}
+    assert len({sum(p) for p in positions.values()}) == 1
+
+
+def test_rounds_report_each_ratio_and_name_a_failed_launch() -> None:
+    from loadpolicy.widths.rounds import ONE_READ_AT_A_TIME, PEER, READS_IN_FLIGHT, RoundRow, render_rounds
+
+    def row(seconds: float | None, error: str | None = None) -> Row:
+        return Row("mixtral-8x7b", 2, "x", 3.19, error=error, seconds=seconds)
+
+    found = [
+        RoundRow(0, ONE_READ_AT_A_TIME, row(3.0)),
+        RoundRow(0, READS_IN_FLIGHT, row(1.5)),
+        RoundRow(0, PEER, row(2.0)),
+        RoundRow(1, PEER, row(None, "rank 1: values differ")),
+        RoundRow(1, READS_IN_FLIGHT, row(2.0)),
+        RoundRow(1, ONE_READ_AT_A_TIME, row(4.0)),
+    ]
+    text = render_rounds(found, "cmd")
+    assert "| 0 | 3.00 | 1.50 | 2.00 | 0.50x | 0.75x |" in text
+    assert "| 1 | 4.00 | 2.00 | FAILED | 0.50x | - |" in text
+    assert "- reads in flight: 1.50-2.00 s, median 1.75 s" in text
+    assert "- FAILED DCP (round 1): rank 1: values differ" in text

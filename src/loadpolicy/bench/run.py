@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +51,14 @@ def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, t
     return path
 
 
-def launch_load(spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float) -> list[LoadMeasurement] | str:
-    """One benchmark load from a cold page cache: every rank's measurement, or why the launch has none."""
+def launch_load(
+    spec: BenchSpec, ranks: int, tree: Path, out: Path, timeout: float, env: Mapping[str, str] | None = None
+) -> list[LoadMeasurement] | str:
+    """One benchmark load from a cold page cache: every rank's measurement, or why the launch has none. `env` adds
+    to the launch's environment."""
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
-    launched = launch("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, env=FIXED_MALLOC)
+    launched = launch("loadpolicy.bench.worker", spec, tree, out, ranks, timeout, env={**FIXED_MALLOC, **(env or {})})
     return read_results(launched, LoadMeasurement)
 
 

@@ -442,5 +442,16 @@ MUTATIONS = (
         # Adam's bias correction off after the resume: every weight moves differently
         "rank \\d: final \\S+ differs by",
     ),
+    Mutation(
+        "partition-reads-one-at-a-time",
+        "a partition read larger than a chunk keeps several chunks in flight",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "list(self.thread_pool.map(lambda at: self._pread(",
+        "list(map(lambda at: self._pread(",
+        in_tree("test_a_large_range_is_read_in_chunks_several_at_a_time"),
+        # the first chunk waits for a second in flight until its bound
+        "BrokenBarrierError",
+    ),
     *SAVING_MUTATIONS,
 )

@@ -119,7 +119,7 @@ def reader_row(
     )
 
 
-def _read(
+def read_cold(
     reader: Reader, checkpoint: Path, ranks: int, tree: Path, out: Path, timeout: float
 ) -> list[ReaderMeasurement] | str:
     evict_from_page_cache(checkpoint)
@@ -128,7 +128,7 @@ def _read(
 
 
 @dataclass(frozen=True, slots=True)
-class _Checkpoint:
+class Checkpoint:
     shape: WidthShape
     path: Path
     total: int  # bytes of its tensors
@@ -143,7 +143,7 @@ def _recorded(tree: Path, out: Path, ranks: int, timeout: float, contract: type[
 
 
 def _read_every_way(
-    checkpoint: _Checkpoint, count: int, trees: dict[Tree, Path], out: Path, timeout: float, *, rejudge: bool
+    checkpoint: Checkpoint, count: int, trees: dict[Tree, Path], out: Path, timeout: float, *, rejudge: bool
 ) -> list[Row]:
     """The limit first and last, the loads, the peer; each from a cold page cache."""
     name, path, total = checkpoint.shape.name, checkpoint.path, checkpoint.total
@@ -153,7 +153,7 @@ def _read_every_way(
         results = (
             _recorded(tree, where, count, timeout, ReaderMeasurement)
             if rejudge
-            else _read(kind, path, count, tree, where, timeout)
+            else read_cold(kind, path, count, tree, where, timeout)
         )
         return reader_row(name, kind, count, total, checkpoint.tensors, results)
 
@@ -181,7 +181,7 @@ def faster(first: Row, second: Row) -> Row:
     return first if (first.seconds or 0.0) <= (second.seconds or 0.0) else second
 
 
-def _checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib: float, timeout: float) -> _Checkpoint:
+def prepare_checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib: float, timeout: float) -> Checkpoint:
     """The shape's checkpoint under `directory` (built once) and its reference fingerprints beside it."""
     path = build(shape, directory.resolve(), max_gib=max_gib)
     out = directory.resolve().parent
@@ -189,7 +189,7 @@ def _checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib: float,
     model_class = shape.architecture.model_class
     reference = reference_file(path, model_class, stock, out.resolve() / "fingerprints" / shape.name, timeout)
     parameters = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
-    return _Checkpoint(shape, path, sum(s.end - s.start for s in spans), len(spans), reference, parameters)
+    return Checkpoint(shape, path, sum(s.end - s.start for s in spans), len(spans), reference, parameters)
 
 
 def widths(
@@ -211,7 +211,7 @@ def widths(
         prebuild_deepspeed_ops(out)
     rows: list[Row] = []
     for shape in shapes:
-        checkpoint = _checkpoint(shape, checkpoints or out / "checkpoints", trees[Tree.STOCK], max_gib, timeout)
+        checkpoint = prepare_checkpoint(shape, checkpoints or out / "checkpoints", trees[Tree.STOCK], max_gib, timeout)
         for count in ranks:
             where = out / "runs" / f"{shape.name}-{count}"
             rows += _read_every_way(checkpoint, count, trees, where, timeout, rejudge=rejudge)
