@@ -18,12 +18,19 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadpolicy.bench.run import launch_load
 from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import Tree, add_launch_arguments
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Row, WidthsFailedError, load_row, prepare_checkpoint, read_cold, reader_row
+from loadpolicy.widths.run import (
+    MAX_GIB,
+    Row,
+    WidthsFailedError,
+    load_once,
+    prepare_checkpoint,
+    read_cold,
+    reader_row,
+)
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -61,8 +68,7 @@ def rounds(
 ) -> list[RoundRow]:
     trees = prepare_trees(out, patches, cache)
     prebuild_deepspeed_ops(out)
-    width = SHAPES_BY_NAME[shape]
-    checkpoint = prepare_checkpoint(width, checkpoints, trees[Tree.STOCK], 8.0, timeout)
+    checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK], MAX_GIB, timeout)
     load = next(c for c in LOADS if c.label == case)
     found = []
     for index in range(count):
@@ -72,18 +78,8 @@ def rounds(
                 results = read_cold(Reader.DCP, checkpoint.path, ranks, trees[Tree.PATCHED], where, timeout)
                 row = reader_row(shape, Reader.DCP, ranks, checkpoint.total, checkpoint.tensors, results)
             else:
-                spec = load.spec(ranks, checkpoint.path, width.architecture.model_class, checkpoint.reference)
                 env = SEQUENTIAL if way == ONE_READ_AT_A_TIME else None
-                measured = launch_load(spec, ranks, trees[load.tree], where, timeout, env=env)
-                row = load_row(
-                    shape,
-                    load,
-                    ranks,
-                    checkpoint.total,
-                    measured,
-                    tree=trees[load.tree],
-                    parameters=checkpoint.parameters,
-                )
+                row = load_once(checkpoint, load, ranks, trees[load.tree], where, timeout, env=env)
             print(f"round {index}: {way}: {row.seconds if row.error is None else row.error}", flush=True)
             found.append(RoundRow(index, way, row))
     return found

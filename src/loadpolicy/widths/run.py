@@ -43,6 +43,8 @@ from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
 
 LIMIT = "limit: pread of each rank's share"
 PEER = "DCP HuggingFaceStorageReader (peer)"
+# the size guard: a checkpoint larger than this (GiB) is refused
+MAX_GIB = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +162,33 @@ def _read_every_way(
     first_limit = reader(Reader.PREAD, out / "pread")
     rows: list[Row] = []
     for case in LOADS:
-        spec = case.spec(count, path, checkpoint.shape.architecture.model_class, checkpoint.reference)
         tree, where = trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}"
-        results = (
-            _recorded(tree, where, count, timeout, LoadMeasurement)
-            if rejudge
-            else launch_load(spec, count, tree, where, timeout)
-        )
-        rows.append(load_row(name, case, count, total, results, tree=tree, parameters=checkpoint.parameters))
+        if rejudge:
+            results = _recorded(tree, where, count, timeout, LoadMeasurement)
+            rows.append(load_row(name, case, count, total, results, tree=tree, parameters=checkpoint.parameters))
+        else:
+            rows.append(load_once(checkpoint, case, count, tree, where, timeout))
         print(render_markdown(rows[-1:], header=False), end="", flush=True)
     rows.append(reader(Reader.DCP, out / "dcp"))
     # this disk's read speed drifts within a run: the limit is read before and after the other ways, the faster counts
     return [faster(first_limit, reader(Reader.PREAD, out / "pread-again")), *rows]
+
+
+def load_once(
+    checkpoint: Checkpoint,
+    case: Case,
+    count: int,
+    tree: Path,
+    where: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> Row:
+    """One launch of a load of `checkpoint` from a cold page cache, judged."""
+    spec = case.spec(count, checkpoint.path, checkpoint.shape.architecture.model_class, checkpoint.reference)
+    results = launch_load(spec, count, tree, where, timeout, env=env)
+    return load_row(
+        checkpoint.shape.name, case, count, checkpoint.total, results, tree=tree, parameters=checkpoint.parameters
+    )
 
 
 def faster(first: Row, second: Row) -> Row:
@@ -334,7 +351,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--ranks", type=positive_int, action="append", help="rank counts (repeatable; default 2 and 4)"
     )
     parser.add_argument("--checkpoints", type=Path, help="where the checkpoints are built (default: OUT/checkpoints)")
-    parser.add_argument("--max-gib", type=float, default=8.0, help="refuse to build a checkpoint larger than this")
+    parser.add_argument("--max-gib", type=float, default=MAX_GIB, help="refuse to build a checkpoint larger than this")
     parser.add_argument("--rejudge", action="store_true", help="judge and report the last run's results again")
     add_launch_arguments(parser, timeout=900.0)
     parser.set_defaults(handler=_run)
