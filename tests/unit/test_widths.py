@@ -9,13 +9,14 @@ import math
 import struct
 from dataclasses import asdict
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement
 from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
-from loadpolicy.widths.run import LIMIT, PEER, Row, goals, reader_row, render_markdown
+from loadpolicy.widths.run import LIMIT, LIMIT_IN_FLIGHT, PEER, Row, goals, reader_row, render_markdown
 from loadpolicy.widths.shapes import SHAPES
 
 
@@ -100,13 +101,28 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
     peer = Row("s", 2, PEER, 1.0, seconds=6.0)
     met = goals([limit, load, peer])
     assert met == [
-        "- s x2, EPMeta: partition reads: 1.20x the limit (met); peak 1.000x ideal (met); 2.00x faster than DCP; "
-        "-x faster than stock zero.Init"
+        "- s x2, EPMeta: partition reads: 1.20x the limit (met); -x the limit with 4 in flight; peak 1.000x ideal "
+        "(met); 2.00x faster than DCP; -x faster than stock zero.Init"
     ]
     missing = goals([load, Row("s", 2, "Zero3Init: partition reads", 1.0, seconds=3.0)])
-    assert missing[0].startswith("- s x2, EPMeta: partition reads: -x the limit (missed); peak 1.000x")
+    assert missing[0].startswith("- s x2, EPMeta: partition reads: -x the limit (missed); -x the limit with 4")
     assert "peak -x ideal (missed)" in missing[1]
     assert "FAILED: boom" in render_markdown([Row("s", 2, PEER, 1.0, error="boom")], "cmd")
+    in_flight = Row("s", 2, LIMIT_IN_FLIGHT, 1.0, seconds=1.5)
+    assert "; 2.00x the limit with 4 in flight;" in goals([limit, in_flight, load, peer])[0]
+    assert "| 1.20 | 2.00 |" in render_markdown([limit, in_flight, load])
+
+
+def test_the_limit_in_flight_reads_a_share_of_many_chunks_and_names_a_short_file(tmp_path: Path) -> None:
+    from loadpolicy.widths import worker
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    ranges = [(path, 3, 700_001), (path, 700_001, 1 << 20)]
+    with mock.patch.object(worker, "CHUNK", 4096):
+        assert worker._pread_in_flight(ranges) == (1 << 20) - 3
+        with pytest.raises(OSError, match=r"model.safetensors: nothing read at byte 1048576 of \[1048000, 1048577\)"):
+            worker._pread_in_flight([(path, 1_048_000, (1 << 20) + 1)])
 
 
 def test_every_partition_reading_load_is_held_to_the_goals() -> None:
@@ -139,6 +155,7 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
     save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
     spans = read_spans(tmp_path)
     assert worker._pread(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
+    assert worker._pread_in_flight(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
     store = torch.distributed.HashStore()
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

@@ -447,10 +447,21 @@ MUTATIONS = (
         "a partition read larger than a chunk keeps several chunks in flight",
         Target.TREE,
         "integrations/deepspeed_partition_reads.py",
-        "list(self.thread_pool.map(lambda at: self._pread(",
-        "list(map(lambda at: self._pread(",
+        "self.reads.submit(self._pread, offset + at, view[at : at + READ_CHUNK_BYTES])",
+        "self._pread(offset + at, view[at : at + READ_CHUNK_BYTES])",
         in_tree("test_a_large_range_is_read_in_chunks_several_at_a_time"),
         # the first chunk waits for a second in flight until its bound
+        "BrokenBarrierError",
+    ),
+    Mutation(
+        "partition-reads-wait-per-range",
+        "the reads of several ranges (experts smaller than a chunk) are in flight together",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "view[at : at + READ_CHUNK_BYTES])\n            return\n",
+        "view[at : at + READ_CHUNK_BYTES])\n            self.reads.wait()\n            return\n",
+        in_tree("test_several_ranges_are_read_at_a_time"),
+        # the first expert's read waits for the second's until its bound
         "BrokenBarrierError",
     ),
     *SAVING_MUTATIONS,

@@ -15,6 +15,8 @@ class Reader(enum.StrEnum):
 
     # every rank its own share with plain `preadv`: the limit
     PREAD = "pread"
+    # the same share, several reads in flight as the patched partition reads keep them: this disk's limit for them
+    PREAD_IN_FLIGHT = "pread-in-flight"
     # torch DCP's HuggingFaceStorageReader into row-sharded DTensors: the peer
     DCP = "dcp"
 

@@ -1,7 +1,9 @@
 """One rank of a reader launch beside the real-width loads: `python -m loadpolicy.widths.worker SPEC OUT`.
 
 `pread` reads exactly this rank's share (its ZeRO-3 partition of every tensor, `ranges.share`) with plain `preadv`
-into one reused buffer: the cold-read limit a partition load is measured against. `dcp` is the peer: torch DCP's
+into one reused buffer: the cold-read limit a partition load is measured against. `pread-in-flight` reads the same
+share in chunks, several `preadv` in flight, as the patched partition reads do: the limit of this disk for a reader
+that keeps that many requests in flight. `dcp` is the peer: torch DCP's
 `HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows over the world,
 its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json (`contract.ReaderMeasurement`).
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +25,51 @@ from loadpolicy.widths.ranges import TensorSpan, read_spans, share
 
 
 BUFFER = 64 << 20
+# as the patched partition reads (`READ_CHUNK_BYTES`, `READS_IN_FLIGHT` of `deepspeed_partition_reads`)
+CHUNK = 16 << 20
+IN_FLIGHT = 4
 _DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32"}
+
+
+def _read_range(fd: int, view: memoryview, file: Path, start: int, end: int) -> int:
+    """Bytes `[start, end)` of `fd` through `view`, reused; the bytes read."""
+    position = start
+    while position < end:
+        count = os.preadv(fd, [view[: min(len(view), end - position)]], position)
+        if count <= 0:
+            raise OSError(f"{file}: nothing read at byte {position} of [{start}, {end})")
+        position += count
+    return end - start
 
 
 def _pread(ranges: list[tuple[Path, int, int]]) -> int:
     view = memoryview(bytearray(BUFFER))
-    fds: dict[Path, int] = {}
-    total = 0
+    fds = {file: os.open(file, os.O_RDONLY) for file in dict.fromkeys(file for file, _, _ in ranges)}
     try:
-        for file, start, end in ranges:
-            fd = fds.setdefault(file, os.open(file, os.O_RDONLY))
-            position = start
-            while position < end:
-                count = os.preadv(fd, [view[: min(BUFFER, end - position)]], position)
-                if count <= 0:
-                    raise OSError(f"{file}: nothing read at byte {position} of [{start}, {end})")
-                position += count
-                total += count
+        return sum(_read_range(fds[file], view, file, start, end) for file, start, end in ranges)
     finally:
         for fd in fds.values():
             os.close(fd)
-    return total
+
+
+def _pread_in_flight(ranges: list[tuple[Path, int, int]]) -> int:
+    """The same ranges in `CHUNK` pieces, `IN_FLIGHT` at a time, each thread through its own reused buffer."""
+    chunks = [(file, at, min(at + CHUNK, end)) for file, start, end in ranges for at in range(start, end, CHUNK)]
+    fds = {file: os.open(file, os.O_RDONLY) for file in dict.fromkeys(file for file, _, _ in ranges)}
+    buffers = threading.local()
+
+    def read(chunk: tuple[Path, int, int]) -> int:
+        if not hasattr(buffers, "view"):
+            buffers.view = memoryview(bytearray(CHUNK))
+        file, start, end = chunk
+        return _read_range(fds[file], buffers.view, file, start, end)
+
+    try:
+        with ThreadPoolExecutor(IN_FLIGHT) as pool:
+            return sum(pool.map(read, chunks))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _row_sharded_state(spans: list[TensorSpan], world: int) -> tuple[dict[str, Any], Any]:
@@ -95,6 +123,9 @@ def _read(file: Path, start: int, size: int) -> bytes:
     return data
 
 
+_PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight}
+
+
 def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     import torch  # noqa: PLC0415
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
@@ -109,8 +140,8 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     state: dict[str, Any] = {}
     if spec["reader"] == "dcp":
         state, _ = _row_sharded_state(spans, this.world_size)
-    elif spec["reader"] != "pread":
-        raise ValueError(f"reader {spec['reader']!r} is not one of ['dcp', 'pread']")
+    elif spec["reader"] not in _PREADS:
+        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(['dcp', *_PREADS])}")
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
     before, io_before = memory_status(), io_counters()
@@ -121,7 +152,7 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
             share_bytes = sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
         else:
-            share_bytes = _pread(ranges)
+            share_bytes = _PREADS[spec["reader"]](ranges)
     seconds = time.perf_counter() - start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
