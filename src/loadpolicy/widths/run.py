@@ -173,8 +173,10 @@ def _read_every_way(
             rows.append(load_once(checkpoint, case, count, tree, where, timeout))
         print(render_markdown(rows[-1:], header=False), end="", flush=True)
     rows.append(reader(Reader.DCP, out / "dcp"))
-    # this disk's read speed drifts within a run: a limit is read before and after the other ways, the faster counts
-    again = [reader(kind, out / f"{kind}-again") for kind in (Reader.PREAD_IN_FLIGHT, Reader.PREAD)][::-1]
+    # this disk's read speed drifts within a run: a limit is read before and after the other ways (after them in the
+    # reverse order, so that both limits sit alike around the loads), the faster counts
+    in_flight_again = reader(Reader.PREAD_IN_FLIGHT, out / f"{Reader.PREAD_IN_FLIGHT}-again")
+    again = [reader(Reader.PREAD, out / f"{Reader.PREAD}-again"), in_flight_again]
     return [*(faster(first, second) for first, second in zip(first_limits, again, strict=True)), *rows]
 
 
