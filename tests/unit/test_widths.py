@@ -13,10 +13,11 @@ from unittest import mock
 
 import pytest
 
+from loadpolicy.bench.contract import LoadMeasurement
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement
 from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
-from loadpolicy.widths.run import LIMIT, LIMIT_IN_FLIGHT, PEER, Row, goals, reader_row, render_markdown
+from loadpolicy.widths.run import LIMIT, LIMIT_IN_FLIGHT, PEER, Row, goals, load_row, reader_row, render_markdown
 from loadpolicy.widths.shapes import SHAPES
 
 
@@ -232,3 +233,38 @@ def test_rounds_report_each_ratio_and_name_a_failed_launch() -> None:
     assert "| 1 | 4.00 | 2.00 | FAILED | 0.50x | - |" in text
     assert "- reads in flight: 1.50-2.00 s, median 1.75 s" in text
     assert "- FAILED DCP (round 1): rank 1: values differ" in text
+
+
+def _load(rank: int, deviation: float | None, problems: list[str] | None = None) -> LoadMeasurement:
+    return {  # type: ignore[typeddict-item]
+        **dict.fromkeys(("rss_before", "peak_total", "held_total", "read_bytes"), 1 << 30),
+        "rank": rank,
+        "policy": "EPMeta",
+        "loading_branch": "zero3_read_partitions",
+        "transformers_file": "/t/src/transformers/__init__.py",
+        "unpartitioned": 0,
+        "seconds": 1.0,
+        "touch_seconds": 0.0,
+        "fingerprinted": 3,
+        "value_problems": problems or [],
+        "logits_error": deviation,
+        "logits_bound": None if deviation is None else 0.25,
+        "logits_from_one_process": None if deviation is None else 0.5,
+    }
+
+
+def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge() -> None:
+    epmeta = next(case for case in LOADS if case.label == "EPMeta: partition reads")
+    row = load_row("s", epmeta, 2, 100, [_load(0, 0.0), _load(1, 0.125)], tree=Path("/t"), parameters=3)
+    assert row.error is None
+    assert (row.logits_error, row.logits_bound, row.logits_from_one_process) == (0.125, 0.25, 0.5)
+    assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000) |" in render_markdown([row])
+    nan = load_row("s", epmeta, 2, 100, [_load(0, math.nan), _load(1, 0.0)], tree=Path("/t"), parameters=3)
+    assert nan.logits_error is not None
+    assert math.isnan(nan.logits_error)
+    judged = [_load(0, 0.5, ["logits 0.5 (root mean square) from the float32 forward's"]), _load(1, 0.5)]
+    failed = load_row("s", epmeta, 2, 100, judged, tree=Path("/t"), parameters=3)
+    assert failed.error is not None
+    assert "rank 0: values differ from the checkpoint: logits 0.5 (root" in failed.error
+    unjudged = load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3)
+    assert "logits" not in render_markdown([unjudged], header=False)

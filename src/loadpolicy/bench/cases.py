@@ -33,8 +33,10 @@ class Case:
         stock = self.tree is Tree.STOCK  # stock transformers gathers and copies
         return LaunchShape(ranks, self.zero3, self.layout, requested=self.requested, flat_partitions=not stock)
 
-    def spec(self, ranks: int, checkpoint: Path, model_class: str, fingerprints: Path) -> BenchSpec:
-        """What every rank of this case's load of `checkpoint` is handed."""
+    def spec(
+        self, ranks: int, checkpoint: Path, model_class: str, fingerprints: Path, logits: Path | None = None
+    ) -> BenchSpec:
+        """What every rank of this case's load of `checkpoint` is handed; `logits`: judge its forward too."""
         return {
             "policy": self.policy,
             "zero3": self.zero3,
@@ -43,6 +45,7 @@ class Case:
             "checkpoint": str(checkpoint),
             "model_class": model_class,
             "fingerprints": str(fingerprints),
+            "logits": None if logits is None else str(logits),
         }
 
     def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:

@@ -6,7 +6,16 @@ Read back with `parity.contract.parse`: a result lacking a field is a failure na
 from typing import TypedDict
 
 
-class LoadMeasurement(TypedDict):
+class LogitsFigures(TypedDict):
+    """Where the spec names a logits reference (`bench.logits`), after `deepspeed.initialize`; None where it names
+    none."""
+
+    logits_error: float | None  # root mean square of (logits - the float32 one-process logits)
+    logits_bound: float | None  # from the bf16 one-process forward's
+    logits_from_one_process: float | None  # max |logits - the bf16 one-process logits|: 0, the stock forward exactly
+
+
+class LoadMeasurement(LogitsFigures):
     """Bytes are of this rank's process; `*_before` just before `from_pretrained`, `peak_*` during it, `held_*` after
     every tensor was touched."""
 
@@ -34,7 +43,7 @@ class LoadMeasurement(TypedDict):
     rchar: int  # bytes this rank's read calls returned while loading (`pread` counts, memory-mapped pages do not)
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
     fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`bench.fingerprint`)
-    value_problems: list[str]  # those that differ, or that the model and the reference do not share
+    value_problems: list[str]  # those that differ, or that the model and the reference do not share (and the logits)
 
 
 class BenchSpec(TypedDict):
@@ -47,3 +56,4 @@ class BenchSpec(TypedDict):
     checkpoint: str
     model_class: str
     fingerprints: str  # the stock one-process load's fingerprints of the checkpoint (`bench.fingerprint`)
+    logits: str | None  # the stock one-process forwards' logits (`bench.logits`): judged after loading where given

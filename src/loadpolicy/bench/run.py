@@ -38,16 +38,28 @@ def _applies(case: Case, model: BenchModel) -> bool:
 
 def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
-    path = out / "fingerprints.json"
+    return _one_process(
+        checkpoint, model_class, stock, out / "fingerprints.json", timeout, "loadpolicy.bench.fingerprint"
+    )
+
+
+def logits_reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
+    """The checkpoint's logits on the fixed prompt from one-process forwards on the stock tree (`bench.logits`),
+    computed once per checkpoint."""
+    return _one_process(checkpoint, model_class, stock, out / "logits.pt", timeout, "loadpolicy.bench.logits")
+
+
+def _one_process(checkpoint: Path, model_class: str, stock: Path, path: Path, timeout: float, module: str) -> Path:
     newest = max(f.stat().st_mtime for f in checkpoint.iterdir())
     if path.exists() and path.stat().st_mtime > newest:
         return path
-    out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "loadpolicy.bench.fingerprint", str(checkpoint), model_class, str(path)]
-    returncode = run_bounded(command, tree_env(stock), out / "fingerprint.log", timeout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = path.with_suffix(".log")
+    command = [sys.executable, "-m", module, str(checkpoint), model_class, str(path)]
+    returncode = run_bounded(command, tree_env(stock), log, timeout)
     if returncode != 0 or not path.exists():
         why = "timed out" if returncode is None else f"exited {returncode}"
-        raise BenchFailedError(f"the reference fingerprints of {checkpoint} {why}: see {out / 'fingerprint.log'}")
+        raise BenchFailedError(f"the reference {path.name} of {checkpoint} {why}: see {log}")
     return path
 
 

@@ -2,8 +2,9 @@
 
 Measures this rank's `from_pretrained`: wall time, peak RSS (anonymous and file-backed), bytes read from storage, the
 bytes it holds afterwards and the baseline RSS just before; then, untimed, checks the loaded values against the
-checkpoint's (`bench.fingerprint`). Writes OUT/rank<R>.json (`contract.LoadMeasurement`). The figures' definitions:
-docs/benchmark.md.
+checkpoint's (`bench.fingerprint`) and, where the spec names a reference, the logits of a forward on a fixed prompt
+against the stock one-process forwards (`bench.logits`). Writes OUT/rank<R>.json (`contract.LoadMeasurement`). The
+figures' definitions: docs/benchmark.md.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy.bench.fingerprint import check_loaded
+from loadpolicy.bench.logits import forward_logits, judge, prompt
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -77,18 +79,40 @@ def _touch_every_tensor(model: Any) -> tuple[int, float]:
     return owned, time.perf_counter() - start
 
 
-def _initialize(model: Any, config: dict[str, Any]) -> float:
+def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, Any]:
     """Seconds of `deepspeed.initialize(model)`, every rank starting together, after the measurements of loading: a
     model loaded whole is partitioned here (its parameters broadcast from rank 0 first), one loaded into ZeRO-3
-    partitions is not. No optimizer, so that only what loading left undone is timed."""
+    partitions is not. No optimizer, so that only what loading left undone is timed. And the engine."""
     import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
     torch.distributed.barrier()
     start = time.perf_counter()
-    deepspeed.initialize(model=model, config=config)
+    engine, *_ = deepspeed.initialize(model=model, config=config)
     torch.distributed.barrier()  # the slowest rank's
-    return time.perf_counter() - start
+    return time.perf_counter() - start, engine
+
+
+def _initialize_and_judge_logits(
+    this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any], problems: list[str]
+) -> tuple[float | None, LogitsFigures]:
+    """`deepspeed.initialize` (ZeRO-3 launches), then the forward on the fixed prompt against the stock one-process
+    forwards where the spec names them (collective: every rank runs it); a judge's problem joins `problems`."""
+    import torch  # noqa: PLC0415
+
+    seconds, engine = _initialize(model, config) if spec["zero3"] else (None, model)
+    if spec["logits"] is None:
+        return seconds, {"logits_error": None, "logits_bound": None, "logits_from_one_process": None}
+    this.stage("logits")
+    expected = torch.load(spec["logits"], weights_only=True)
+    verdict = judge(forward_logits(engine, prompt(model.config.get_text_config().vocab_size)), expected)
+    if verdict.problem:
+        problems.append(verdict.problem)
+    return seconds, {
+        "logits_error": verdict.error,
+        "logits_bound": verdict.bound,
+        "logits_from_one_process": verdict.from_one_process,
+    }
 
 
 def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tuple[int, list[str]]:
@@ -112,8 +136,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    rank, world = this.rank, this.world_size
-    zero3 = _zero3_config(world)
+    zero3 = _zero3_config(this.world_size)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
     import deepspeed  # noqa: PLC0415
 
@@ -138,10 +161,10 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     # what loading partitioned, before `deepspeed.initialize` partitions the rest
     unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
     fingerprinted, value_problems = _compare_with_checkpoint(this, Path(spec["fingerprints"]), model)
-    initialize_seconds = _initialize(model, zero3) if spec["zero3"] else None
+    initialize_seconds, logits = _initialize_and_judge_logits(this, spec, model, zero3, value_problems)
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
-        "rank": rank,
+        "rank": this.rank,
         "policy": None if policy is None else type(policy).__name__,
         "loading_branch": None if policy is None else policy.loading_branch.value,
         "transformers_file": transformers.__file__,
@@ -164,6 +187,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
         "owned_bytes": owned,
         "fingerprinted": fingerprinted,
         "value_problems": value_problems,
+        **logits,
     }
     torch.distributed.barrier()
     return result

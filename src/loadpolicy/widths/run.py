@@ -20,7 +20,7 @@ from typing import Any
 from loadpolicy.bench.calibrate import render_calibration
 from loadpolicy.bench.cases import Case
 from loadpolicy.bench.contract import LoadMeasurement
-from loadpolicy.bench.run import launch_load, reference_file
+from loadpolicy.bench.run import launch_load, logits_reference_file, reference_file
 from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import (
     Launched,
@@ -62,6 +62,11 @@ class Row:
     ideal_gib: float | None = None  # on that rank: T/W + its RSS before reading
     read_rank_gib: float | None = None  # the most one rank read from storage
     checked: int = 0  # parameters (loads) or tensors (DCP) whose values were compared
+    # loads, the largest rank's: logits' root mean square from the float32 one-process forward's, and its bound
+    # (`bench.logits`); max |logits - the bf16 one-process logits|
+    logits_error: float | None = None
+    logits_bound: float | None = None
+    logits_from_one_process: float | None = None
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -91,7 +96,18 @@ def load_row(
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["fingerprinted"] for r in results),
+        logits_error=_largest([r["logits_error"] for r in results]),
+        logits_bound=_largest([r["logits_bound"] for r in results]),
+        logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
     )
+
+
+def _largest(values: list[float | None]) -> float | None:
+    """The largest; NaN where a rank has NaN, None where no rank has a figure."""
+    present = [value for value in values if value is not None]
+    if any(math.isnan(value) for value in present):
+        return math.nan
+    return max(present, default=None)
 
 
 def reader_row(
@@ -140,6 +156,7 @@ class Checkpoint:
     tensors: int
     reference: Path  # the stock one-process load's fingerprints
     parameters: int
+    logits: Path | None = None  # the stock one-process forwards' logits (`bench.logits`): every load's judged
 
 
 def _recorded(tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]) -> list[Contract] | str:
@@ -190,7 +207,8 @@ def load_once(
     env: dict[str, str] | None = None,
 ) -> Row:
     """One launch of a load of `checkpoint` from a cold page cache, judged."""
-    spec = case.spec(count, checkpoint.path, checkpoint.shape.architecture.model_class, checkpoint.reference)
+    model_class = checkpoint.shape.architecture.model_class
+    spec = case.spec(count, checkpoint.path, model_class, checkpoint.reference, checkpoint.logits)
     results = launch_load(spec, count, tree, where, timeout, env=env)
     return load_row(
         checkpoint.shape.name, case, count, checkpoint.total, results, tree=tree, parameters=checkpoint.parameters
@@ -205,14 +223,16 @@ def faster(first: Row, second: Row) -> Row:
 
 
 def prepare_checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib: float, timeout: float) -> Checkpoint:
-    """The shape's checkpoint under `directory` (built once) and its reference fingerprints beside it."""
+    """The shape's checkpoint under `directory` (built once) and its references beside it: fingerprints, logits."""
     path = build(shape, directory.resolve(), max_gib=max_gib)
-    out = directory.resolve().parent
+    references = directory.resolve().parent / "fingerprints" / shape.name
     spans = read_spans(path)
     model_class = shape.architecture.model_class
-    reference = reference_file(path, model_class, stock, out.resolve() / "fingerprints" / shape.name, timeout)
+    reference = reference_file(path, model_class, stock, references, timeout)
+    logits = logits_reference_file(path, model_class, stock, references, timeout)
     parameters = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
-    return Checkpoint(shape, path, sum(s.end - s.start for s in spans), len(spans), reference, parameters)
+    total = sum(s.end - s.start for s in spans)
+    return Checkpoint(shape, path, total, len(spans), reference, parameters, logits)
 
 
 def widths(
@@ -258,8 +278,10 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
             "tensor), one read at a time; x in flight: over the same share read in 16 MiB chunks, 4 `preadv` in "
             "flight (as the partition reads keep them). Peak: the rank whose peak RSS is the largest multiple of T/W "
             "(the checkpoint's bytes over the ranks) plus its RSS before reading. Values: "
-            "loads compare every parameter with the stock one-process load's fingerprints; DCP compares each block "
-            "with the file's bytes.",
+            "loads compare every parameter with the stock one-process load's fingerprints, and their logits on a "
+            "fixed prompt (after `deepspeed.initialize`) with the stock one-process forwards': root mean square from "
+            "the float32 forward's <= 2x the bf16 one's, and (not judged) the largest difference from the bf16 one; "
+            "DCP compares each block with the file's bytes.",
             "",
             "| shape | ranks | way | time s | x limit | x in flight | peak GiB | T/W + base GiB | peak / ideal "
             "| read/rank GiB | values |",
@@ -271,7 +293,7 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
             lines.append(f"| {r.shape} | {r.ranks} | {r.way} | - | - | - | - | - | - | - | FAILED: {r.error[:300]} |")
             continue
         over, over_in_flight = (_over(r, by_key.get((r.shape, r.ranks, limit))) for limit in LIMITS)
-        values = "bytes only" if r.way in LIMITS else f"equal ({r.checked})"
+        values = "bytes only" if r.way in LIMITS else f"equal ({r.checked}){_logits(r)}"
         lines.append(
             f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.seconds)} | {_figure(over)} | {_figure(over_in_flight)} "
             f"| {_figure(r.peak_gib)} | {_figure(r.ideal_gib)} | {_figure(r.peak_over_ideal, 3)} "
@@ -280,6 +302,15 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
     if header:
         lines += ["", *goals(rows)]
     return "\n".join(lines) + "\n"
+
+
+def _logits(row: Row) -> str:
+    """The logits' figures beside the values: root mean square from the float32 forward, its bound, and the largest
+    difference from the stock bf16 one."""
+    if row.logits_bound is None:
+        return ""
+    error, bound, stock = (_figure(v, 4) for v in (row.logits_error, row.logits_bound, row.logits_from_one_process))
+    return f"; logits {error} <= {bound} (stock bf16 +- {stock})"
 
 
 def goals(rows: list[Row]) -> list[str]:

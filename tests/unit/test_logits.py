@@ -1,0 +1,89 @@
+"""The logits judge of loads at real widths (`bench.logits`): on tensors, and on a real tiny MoE's forwards."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from loadpolicy.bench.logits import judge, reference_logits
+
+
+torch = pytest.importorskip("torch")
+
+
+def _reference() -> dict[str, object]:
+    exact = torch.linspace(-4.0, 4.0, 4 * 25).reshape(4, 25)
+    one_process = exact.clone()
+    one_process[1, :] += 0.5  # bf16's own error at this width: root mean square 0.25
+    return {"one_process": one_process.to(torch.bfloat16), "float32": exact}
+
+
+def test_logits_within_twice_bf16_s_own_error_pass_and_beyond_it_fail() -> None:
+    reference = _reference()
+    exact, one_process = reference["float32"], reference["one_process"].float()  # type: ignore[attr-defined]
+    verdict = judge(one_process, reference)
+    assert (verdict.problem, verdict.from_one_process) == (None, 0.0)
+    assert verdict.error == pytest.approx(0.25, rel=1e-3)  # the reference is rounded to bf16
+    assert verdict.bound == pytest.approx(0.5, rel=1e-3)
+    elsewhere = exact.clone()
+    elsewhere[2, :] -= 0.5  # the same error on another token: a flipped route
+    verdict = judge(elsewhere, reference)
+    assert verdict.problem is None
+    assert verdict.from_one_process == pytest.approx(0.5, rel=1e-2)
+    wrong = exact.clone()
+    wrong[:2, :] += 0.75  # half the tokens off by more than bf16 moves them: root mean square 0.53
+    verdict = judge(wrong, reference)
+    assert verdict.problem is not None
+    assert "logits 0.5303 (root mean square) from the float32 forward's, over 2x" in verdict.problem
+    assert "(0.5001)" in verdict.problem
+
+
+def test_nan_logits_a_nan_reference_and_another_shape_fail() -> None:
+    reference = _reference()
+    nan = reference["one_process"].float()  # type: ignore[attr-defined]
+    nan[0, 0] = math.nan
+    assert judge(nan, reference).problem is not None
+    broken = {**reference, "float32": torch.full((4, 25), math.nan)}
+    assert judge(reference["one_process"].float(), broken).problem is not None  # type: ignore[attr-defined]
+    verdict = judge(torch.zeros(4, 24), reference)
+    assert verdict.problem == "logits of shape (4, 24), expected (4, 25)"
+    assert math.isnan(verdict.error)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Mixtral whose experts matter to its logits: at transformers' std 0.02 and width 16 they barely do, and
+    bf16's own error hides them; at the published widths they dominate (`dev widths`)."""
+    transformers = pytest.importorskip("transformers")
+    from loadpolicy.tinymodels.architectures import ARCHITECTURES
+
+    config = ARCHITECTURES["mixtral"].transformers_config()
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("checkpoints") / "mixtral"
+    transformers.MixtralForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_a_forward_missing_half_the_experts_fails_and_the_stock_one_passes(tiny_moe: Path) -> None:
+    """What an unreduced partial sum looks like (a rank's experts only): the judge must see it; a second stock
+    bf16 load must pass with no difference at all."""
+    import transformers
+
+    from loadpolicy.bench.logits import forward_logits, prompt
+
+    reference = reference_logits(tiny_moe, "MixtralForCausalLM")
+    model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
+    ids = prompt(model.config.vocab_size)
+    verdict = judge(forward_logits(model, ids), reference)
+    assert verdict.problem is None
+    assert verdict.from_one_process == 0.0
+    assert verdict.bound > 0.0
+    experts = model.model.layers[0].mlp.experts
+    with torch.no_grad():
+        experts.down_proj[experts.down_proj.shape[0] // 2 :] = 0.0
+    verdict = judge(forward_logits(model, ids), reference)
+    assert verdict.problem is not None
+    assert verdict.error > verdict.bound
