@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadpolicy.bench.logits import judge, reference_logits
+from loadpolicy.bench.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
 
 
 torch = pytest.importorskip("torch")
@@ -67,23 +67,41 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_forward_missing_half_the_experts_fails_and_the_stock_one_passes(tiny_moe: Path) -> None:
-    """What an unreduced partial sum looks like (a rank's experts only): the judge must see it; a second stock
-    bf16 load must pass with no difference at all."""
+def test_ranks_that_disagree_beyond_the_bound_fail() -> None:
+    first = torch.zeros(4, 25)
+    assert judge_agreement(first.clone(), first, 0.1) == (0.0, None)
+    apart = first.clone()
+    apart[0, :] = 0.4  # root mean square 0.2
+    difference, problem = judge_agreement(apart, first, 0.1)
+    assert difference == pytest.approx(0.2)
+    assert problem == "logits 0.2 (root mean square) from rank 0's, over the bound (0.1)"
+    nan = first.clone()
+    nan[1, 1] = math.nan
+    assert judge_agreement(nan, first, 0.1)[1] is not None
+
+
+def test_a_forward_missing_half_the_experts_fails_in_the_worker_and_the_stock_one_passes(
+    tiny_moe: Path, tmp_path: Path
+) -> None:
+    """What an unreduced partial sum looks like (a rank's experts only): the worker's judge must report it; a second
+    stock bf16 load must pass with no difference at all."""
     import transformers
 
-    from loadpolicy.bench.logits import forward_logits, prompt
+    from loadpolicy.bench.worker import _judge_logits
+    from loadpolicy.harness.rank import Rank
 
-    reference = reference_logits(tiny_moe, "MixtralForCausalLM")
+    reference = tmp_path / REFERENCE_NAME
+    torch.save(reference_logits(tiny_moe, "MixtralForCausalLM"), reference)
     model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
-    ids = prompt(model.config.vocab_size)
-    verdict = judge(forward_logits(model, ids), reference)
-    assert verdict.problem is None
-    assert verdict.from_one_process == 0.0
-    assert verdict.bound > 0.0
+    vocab_size = model.config.vocab_size
+    figures = _judge_logits(Rank(tmp_path), reference, model, vocab_size)
+    assert figures["logits_problems"] == []
+    assert figures["logits_from_one_process"] == 0.0
+    assert figures["logits_from_rank0"] is None  # one rank: nothing to agree with
     experts = model.model.layers[0].mlp.experts
     with torch.no_grad():
         experts.down_proj[experts.down_proj.shape[0] // 2 :] = 0.0
-    verdict = judge(forward_logits(model, ids), reference)
-    assert verdict.problem is not None
-    assert verdict.error > verdict.bound
+    figures = _judge_logits(Rank(tmp_path), reference, model, vocab_size)
+    assert len(figures["logits_problems"]) == 1
+    assert "(root mean square) from the float32 forward's, over 2x" in figures["logits_problems"][0]
+    assert figures["logits_error"] > figures["logits_bound"]  # type: ignore[operator]

@@ -235,7 +235,7 @@ def test_rounds_report_each_ratio_and_name_a_failed_launch() -> None:
     assert "- FAILED DCP (round 1): rank 1: values differ" in text
 
 
-def _load(rank: int, deviation: float | None, problems: list[str] | None = None) -> LoadMeasurement:
+def _load(rank: int, deviation: float | None, logits_problems: list[str] | None = None) -> LoadMeasurement:
     return {  # type: ignore[typeddict-item]
         **dict.fromkeys(("rss_before", "peak_total", "held_total", "read_bytes"), 1 << 30),
         "rank": rank,
@@ -246,10 +246,12 @@ def _load(rank: int, deviation: float | None, problems: list[str] | None = None)
         "seconds": 1.0,
         "touch_seconds": 0.0,
         "fingerprinted": 3,
-        "value_problems": problems or [],
+        "value_problems": [],
         "logits_error": deviation,
         "logits_bound": None if deviation is None else 0.25,
         "logits_from_one_process": None if deviation is None else 0.5,
+        "logits_from_rank0": None if deviation is None else 0.0,
+        "logits_problems": logits_problems or [],
     }
 
 
@@ -265,6 +267,7 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     judged = [_load(0, 0.5, ["logits 0.5 (root mean square) from the float32 forward's"]), _load(1, 0.5)]
     failed = load_row("s", epmeta, 2, 100, judged, tree=Path("/t"), parameters=3)
     assert failed.error is not None
-    assert "rank 0: values differ from the checkpoint: logits 0.5 (root" in failed.error
+    assert "rank 0: logits 0.5 (root mean square) from the float32" in failed.error
+    assert "values differ" not in failed.error
     unjudged = load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3)
     assert "logits" not in render_markdown([unjudged], header=False)

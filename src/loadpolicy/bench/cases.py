@@ -78,6 +78,7 @@ class Case:
             for r in results
             if r["value_problems"]
         ]
+        problems += [f"rank {r['rank']}: {'; '.join(r['logits_problems'])}" for r in results if r["logits_problems"]]
         if self.policy is PolicyName.ZERO3_INIT:
             problems += [
                 f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"

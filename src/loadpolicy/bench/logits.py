@@ -16,6 +16,7 @@ are judged elsewhere (exactly, by `bench.fingerprint`); this judges the sharded 
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 
 PROMPT_SHAPE = (2, 32)  # sequences x tokens: every expert of the widest shapes sees a few
 PROMPT_SEED = 0
+# the reference's file name says which prompt it was computed on: another prompt computes it again
+REFERENCE_NAME = f"logits-{PROMPT_SHAPE[0]}x{PROMPT_SHAPE[1]}-seed{PROMPT_SEED}.pt"
 # room for the tokens whose routes rounding flips to be others than the one-process forward's
 BOUND_FACTOR = 2.0
 # bf16's own error (root mean square) over that of the logits, above which the bound would admit anything: the
@@ -41,12 +44,12 @@ def prompt(vocab_size: int) -> Any:
 
 
 def forward_logits(model: Any, ids: Any) -> Any:
-    """`model`'s float32 logits on `ids` (a DeepSpeed engine or a model; a DTensor output made whole)."""
+    """`model`'s float32 logits on `ids` (a DeepSpeed engine or a model; a DTensor output made whole), on the CPU."""
     import torch  # noqa: PLC0415
 
     model.eval()
     with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits
+        logits = model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits
     if hasattr(logits, "full_tensor"):
         logits = logits.full_tensor()
     return logits.detach().to("cpu", torch.float32)
@@ -84,6 +87,15 @@ def judge(logits: Any, reference: dict[str, Any]) -> LogitsVerdict:
     return LogitsVerdict(error, bound, from_one_process, None)
 
 
+def judge_agreement(logits: Any, first: Any, bound: float) -> tuple[float, str | None]:
+    """This rank's logits against the first rank's: every rank ran the same prompt through the same model, so they
+    differ by no more than bf16's rounding (a rank left with its own experts' partial sums differs by their share)."""
+    difference = _rms(logits - first)
+    if not (difference <= bound):
+        return difference, f"logits {difference:.4g} (root mean square) from rank 0's, over the bound ({bound:.4g})"
+    return difference, None
+
+
 def reference_logits(checkpoint: Path, model_class: str) -> dict[str, Any]:
     """The one-process forwards of `checkpoint` by the transformers imported, bf16 and float32; refused where bf16's
     own error is not small against the logits (the bound would admit anything)."""
@@ -96,6 +108,7 @@ def reference_logits(checkpoint: Path, model_class: str) -> dict[str, Any]:
         ids = prompt(model.config.get_text_config().vocab_size)
         reference[key] = forward_logits(model, ids)
         del model
+        gc.collect()  # the float32 load is twice the bf16 one: the bf16 model's memory goes back first
     size = _rms(reference["float32"])
     error = _rms(reference["one_process"].float() - reference["float32"])
     if not (error <= WELL_CONDITIONED * size):

@@ -19,6 +19,7 @@ from typing import Any
 
 from loadpolicy.bench.cases import CASES, Case
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy.bench.logits import REFERENCE_NAME
 from loadpolicy.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.harness.launch import Tree, add_launch_arguments, launch, read_results, run_bounded, tree_env
@@ -46,7 +47,7 @@ def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, t
 def logits_reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's logits on the fixed prompt from one-process forwards on the stock tree (`bench.logits`),
     computed once per checkpoint."""
-    return _one_process(checkpoint, model_class, stock, out / "logits.pt", timeout, "loadpolicy.bench.logits")
+    return _one_process(checkpoint, model_class, stock, out / REFERENCE_NAME, timeout, "loadpolicy.bench.logits")
 
 
 def _one_process(checkpoint: Path, model_class: str, stock: Path, path: Path, timeout: float, module: str) -> Path:

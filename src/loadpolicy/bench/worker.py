@@ -17,7 +17,7 @@ from typing import Any
 
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy.bench.fingerprint import check_loaded
-from loadpolicy.bench.logits import forward_logits, judge, prompt
+from loadpolicy.bench.logits import forward_logits, judge, judge_agreement, prompt
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -93,26 +93,47 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, engine
 
 
-def _initialize_and_judge_logits(
-    this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any], problems: list[str]
-) -> tuple[float | None, LogitsFigures]:
-    """`deepspeed.initialize` (ZeRO-3 launches), then the forward on the fixed prompt against the stock one-process
-    forwards where the spec names them (collective: every rank runs it); a judge's problem joins `problems`."""
+NO_LOGITS: LogitsFigures = {
+    "logits_error": None,
+    "logits_bound": None,
+    "logits_from_one_process": None,
+    "logits_from_rank0": None,
+    "logits_problems": [],
+}
+
+
+def _judge_logits(this: Rank, reference: Path, engine: Any, vocab_size: int) -> LogitsFigures:
+    """The forward on the fixed prompt against the stock one-process forwards and against rank 0's (collective:
+    every rank runs it)."""
     import torch  # noqa: PLC0415
 
-    seconds, engine = _initialize(model, config) if spec["zero3"] else (None, model)
-    if spec["logits"] is None:
-        return seconds, {"logits_error": None, "logits_bound": None, "logits_from_one_process": None}
     this.stage("logits")
-    expected = torch.load(spec["logits"], weights_only=True)
-    verdict = judge(forward_logits(engine, prompt(model.config.get_text_config().vocab_size)), expected)
-    if verdict.problem:
-        problems.append(verdict.problem)
-    return seconds, {
+    logits = forward_logits(engine, prompt(vocab_size))
+    verdict = judge(logits, torch.load(reference, weights_only=True))
+    problems = [verdict.problem] if verdict.problem else []
+    from_rank0 = None
+    if this.world_size > 1:
+        first = logits.clone()
+        torch.distributed.broadcast(first, src=0)
+        from_rank0, disagreement = judge_agreement(logits, first, verdict.bound)
+        problems += [disagreement] if disagreement else []
+    return {
         "logits_error": verdict.error,
         "logits_bound": verdict.bound,
         "logits_from_one_process": verdict.from_one_process,
+        "logits_from_rank0": from_rank0,
+        "logits_problems": problems,
     }
+
+
+def _initialize_and_judge_logits(
+    this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any]
+) -> tuple[float | None, LogitsFigures]:
+    """`deepspeed.initialize` (ZeRO-3 launches), then the logits where the spec names a reference for them."""
+    seconds, engine = _initialize(model, config) if spec["zero3"] else (None, model)
+    if spec["logits"] is None:
+        return seconds, NO_LOGITS
+    return seconds, _judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
 
 
 def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tuple[int, list[str]]:
@@ -161,7 +182,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     # what loading partitioned, before `deepspeed.initialize` partitions the rest
     unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
     fingerprinted, value_problems = _compare_with_checkpoint(this, Path(spec["fingerprints"]), model)
-    initialize_seconds, logits = _initialize_and_judge_logits(this, spec, model, zero3, value_problems)
+    initialize_seconds, logits = _initialize_and_judge_logits(this, spec, model, zero3)
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
         "rank": this.rank,
