@@ -105,3 +105,17 @@ def test_a_forward_missing_half_the_experts_fails_in_the_worker_and_the_stock_on
     assert len(figures["logits_problems"]) == 1
     assert "(root mean square) from the float32 forward's, over 2x" in figures["logits_problems"][0]
     assert figures["logits_error"] > figures["logits_bound"]  # type: ignore[operator]
+
+
+def test_the_reference_records_the_judge_s_reach_and_refuses_a_model_whose_experts_it_cannot_see(
+    tiny_moe: Path, tmp_path: Path
+) -> None:
+    reference = reference_logits(tiny_moe, "MixtralForCausalLM")
+    verdict = judge(reference["one_process"].float(), reference)
+    assert verdict.half_the_experts > verdict.bound
+    from loadpolicy.tinymodels.checkpoints import build_checkpoint
+
+    # transformers' own std 0.02 at width 16: the experts' outputs are below bf16's rounding of the logits
+    faint = build_checkpoint("mixtral", tmp_path)
+    with pytest.raises(ValueError, match="cannot judge this model's experts"):
+        reference_logits(faint, "MixtralForCausalLM")

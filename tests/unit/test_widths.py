@@ -251,6 +251,7 @@ def _load(rank: int, deviation: float | None, logits_problems: list[str] | None 
         "logits_bound": None if deviation is None else 0.25,
         "logits_from_one_process": None if deviation is None else 0.5,
         "logits_from_rank0": None if deviation is None else 0.0,
+        "logits_half_the_experts": None if deviation is None else 2.0,
         "logits_problems": logits_problems or [],
     }
 
@@ -260,7 +261,9 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     row = load_row("s", epmeta, 2, 100, [_load(0, 0.0), _load(1, 0.125)], tree=Path("/t"), parameters=3)
     assert row.error is None
     assert (row.logits_error, row.logits_bound, row.logits_from_one_process) == (0.125, 0.25, 0.5)
-    assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000) |" in render_markdown([row])
+    assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000; half the experts: 2.0000) |" in render_markdown(
+        [row]
+    )
     nan = load_row("s", epmeta, 2, 100, [_load(0, math.nan), _load(1, 0.0)], tree=Path("/t"), parameters=3)
     assert nan.logits_error is not None
     assert math.isnan(nan.logits_error)

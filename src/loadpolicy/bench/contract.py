@@ -14,6 +14,7 @@ class LogitsFigures(TypedDict):
     logits_bound: float | None  # from the bf16 one-process forward's
     logits_from_one_process: float | None  # max |logits - the bf16 one-process logits|: 0, the stock forward exactly
     logits_from_rank0: float | None  # root mean square of (logits - rank 0's logits)
+    logits_half_the_experts: float | None  # the error of a forward missing half of every layer's experts (reference)
     logits_problems: list[str]  # the judges' (`bench.logits`): against the reference, against rank 0
 
 

@@ -60,6 +60,7 @@ class LogitsVerdict:
     error: float  # root mean square of (logits - float32 logits)
     bound: float  # BOUND_FACTOR x that of the one-process bf16 logits
     from_one_process: float  # max |logits - one-process bf16 logits|: 0 where the forward is the stock one exactly
+    half_the_experts: float  # the error of a float32 forward missing half of every layer's experts: the judge's reach
     problem: str | None
 
 
@@ -71,9 +72,10 @@ def judge(logits: Any, reference: dict[str, Any]) -> LogitsVerdict:
     """`logits` against the reference (`reference_logits`); NaN, a missing or a misshapen tensor fails."""
     one_process, exact = reference["one_process"].float(), reference["float32"]
     bound = BOUND_FACTOR * _rms(one_process - exact)
+    reach = float(reference.get("half_the_experts", math.nan))
     if tuple(logits.shape) != tuple(exact.shape):
         shapes = f"{tuple(logits.shape)}, expected {tuple(exact.shape)}"
-        return LogitsVerdict(math.nan, bound, math.nan, f"logits of shape {shapes}")
+        return LogitsVerdict(math.nan, bound, math.nan, reach, f"logits of shape {shapes}")
     logits = logits.float()
     error, from_one_process = _rms(logits - exact), float((logits - one_process).abs().max())
     if not (error <= bound):
@@ -81,10 +83,11 @@ def judge(logits: Any, reference: dict[str, Any]) -> LogitsVerdict:
             error,
             bound,
             from_one_process,
+            reach,
             f"logits {error:.4g} (root mean square) from the float32 forward's, over {BOUND_FACTOR:g}x the "
             f"one-process bf16 forward's ({bound:.4g})",
         )
-    return LogitsVerdict(error, bound, from_one_process, None)
+    return LogitsVerdict(error, bound, from_one_process, reach, None)
 
 
 def judge_agreement(logits: Any, first: Any, bound: float) -> tuple[float, str | None]:
@@ -97,26 +100,51 @@ def judge_agreement(logits: Any, first: Any, bound: float) -> tuple[float, str |
 
 
 def reference_logits(checkpoint: Path, model_class: str) -> dict[str, Any]:
-    """The one-process forwards of `checkpoint` by the transformers imported, bf16 and float32; refused where bf16's
-    own error is not small against the logits (the bound would admit anything)."""
+    """The one-process forwards of `checkpoint` by the transformers imported, bf16 and float32, and how far a float32
+    forward missing half of every layer's experts lands (what a rank's unreduced partial sums look like); refused
+    where bf16's own error is not small against the logits, or where that broken forward would pass."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    reference: dict[str, Any] = {}
-    for key, dtype in (("one_process", torch.bfloat16), ("float32", torch.float32)):
-        model = getattr(transformers, model_class).from_pretrained(checkpoint, dtype=dtype)
-        ids = prompt(model.config.get_text_config().vocab_size)
-        reference[key] = forward_logits(model, ids)
-        del model
-        gc.collect()  # the float32 load is twice the bf16 one: the bf16 model's memory goes back first
-    size = _rms(reference["float32"])
-    error = _rms(reference["one_process"].float() - reference["float32"])
-    if not (error <= WELL_CONDITIONED * size):
+    model_type = getattr(transformers, model_class)
+    model = model_type.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    ids = prompt(model.config.get_text_config().vocab_size)
+    reference: dict[str, Any] = {"one_process": forward_logits(model, ids)}
+    del model
+    gc.collect()  # the float32 load is twice the bf16 one: the bf16 model's memory goes back first
+    model = model_type.from_pretrained(checkpoint, dtype=torch.float32)
+    reference["float32"] = forward_logits(model, ids)
+    bound = BOUND_FACTOR * _rms(reference["one_process"].float() - reference["float32"])
+    if not (bound <= BOUND_FACTOR * WELL_CONDITIONED * _rms(reference["float32"])):
         raise ValueError(
-            f"{checkpoint}: bf16 logits are {error:.4g} from float32's (root mean square), over {WELL_CONDITIONED:g}x "
-            f"the logits' own ({size:.4g}): not well conditioned, a bound from them would admit anything"
+            f"{checkpoint}: bf16 logits are {bound / BOUND_FACTOR:.4g} from float32's (root mean square), over "
+            f"{WELL_CONDITIONED:g}x the logits' own: not well conditioned, a bound from them would admit anything"
+        )
+    _drop_half_of_every_layer_s_experts(model)
+    reference["half_the_experts"] = torch.tensor(_rms(forward_logits(model, ids) - reference["float32"]))
+    if not (reference["half_the_experts"] > bound):
+        raise ValueError(
+            f"{checkpoint}: a forward missing half of every layer's experts is "
+            f"{float(reference['half_the_experts']):.4g} from the float32 one, within the bound ({bound:.4g}): the "
+            "logits cannot judge this model's experts"
         )
     return reference
+
+
+def _drop_half_of_every_layer_s_experts(model: Any) -> None:
+    """Zero the second half (by expert) of every experts module's parameters: the experts a second rank holds."""
+    import torch  # noqa: PLC0415
+
+    experts = [module for name, module in model.named_modules() if name.endswith(".experts")]
+    if not experts:
+        raise ValueError(f"{type(model).__name__} has no `experts` module: nothing to judge the logits' reach with")
+    with torch.no_grad():
+        for module in experts:
+            if isinstance(module, torch.nn.ModuleList):  # one module per expert
+                for param in (p for expert in module[len(module) // 2 :] for p in expert.parameters()):
+                    param.zero_()
+            for param in module.parameters(recurse=False):  # experts stacked along the first dimension
+                param[param.shape[0] // 2 :] = 0.0
 
 
 def main(argv: list[str]) -> None:

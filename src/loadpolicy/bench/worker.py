@@ -98,6 +98,7 @@ NO_LOGITS: LogitsFigures = {
     "logits_bound": None,
     "logits_from_one_process": None,
     "logits_from_rank0": None,
+    "logits_half_the_experts": None,
     "logits_problems": [],
 }
 
@@ -122,6 +123,7 @@ def _judge_logits(this: Rank, reference: Path, engine: Any, vocab_size: int) -> 
         "logits_bound": verdict.bound,
         "logits_from_one_process": verdict.from_one_process,
         "logits_from_rank0": from_rank0,
+        "logits_half_the_experts": verdict.half_the_experts,
         "logits_problems": problems,
     }
 

@@ -67,6 +67,7 @@ class Row:
     logits_error: float | None = None
     logits_bound: float | None = None
     logits_from_one_process: float | None = None
+    logits_half_the_experts: float | None = None  # the reference's: a forward missing half the experts lands there
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -99,6 +100,7 @@ def load_row(
         logits_error=_largest([r["logits_error"] for r in results]),
         logits_bound=_largest([r["logits_bound"] for r in results]),
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
+        logits_half_the_experts=_largest([r["logits_half_the_experts"] for r in results]),
     )
 
 
@@ -309,8 +311,9 @@ def _logits(row: Row) -> str:
     difference from the stock bf16 one."""
     if row.logits_bound is None:
         return ""
-    error, bound, stock = (_figure(v, 4) for v in (row.logits_error, row.logits_bound, row.logits_from_one_process))
-    return f"; logits {error} <= {bound} (stock bf16 +- {stock})"
+    figures = (row.logits_error, row.logits_bound, row.logits_from_one_process, row.logits_half_the_experts)
+    error, bound, stock, half = (_figure(value, 4) for value in figures)
+    return f"; logits {error} <= {bound} (stock bf16 +- {stock}; half the experts: {half})"
 
 
 def goals(rows: list[Row]) -> list[str]:
