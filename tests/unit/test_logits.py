@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from loadpolicy.bench.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
+from loadpolicy.bench.logits_rank import judge_logits
 
 
 torch = pytest.importorskip("torch")
@@ -87,21 +89,20 @@ def test_a_forward_missing_half_the_experts_fails_in_the_worker_and_the_stock_on
     stock bf16 load must pass with no difference at all."""
     import transformers
 
-    from loadpolicy.bench.worker import _judge_logits
     from loadpolicy.harness.rank import Rank
 
     reference = tmp_path / REFERENCE_NAME
     torch.save(reference_logits(tiny_moe, "MixtralForCausalLM"), reference)
     model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
     vocab_size = model.config.vocab_size
-    figures = _judge_logits(Rank(tmp_path), reference, model, vocab_size)
+    figures = judge_logits(Rank(tmp_path), reference, model, vocab_size)
     assert figures["logits_problems"] == []
     assert figures["logits_from_one_process"] == 0.0
     assert figures["logits_from_rank0"] is None  # one rank: nothing to agree with
     experts = model.model.layers[0].mlp.experts
     with torch.no_grad():
         experts.down_proj[experts.down_proj.shape[0] // 2 :] = 0.0
-    figures = _judge_logits(Rank(tmp_path), reference, model, vocab_size)
+    figures = judge_logits(Rank(tmp_path), reference, model, vocab_size)
     assert len(figures["logits_problems"]) == 1
     assert "(root mean square) from the float32 forward's, over 2x" in figures["logits_problems"][0]
     assert figures["logits_error"] > figures["logits_bound"]  # type: ignore[operator]
@@ -119,3 +120,28 @@ def test_the_reference_records_the_judge_s_reach_and_refuses_a_model_whose_exper
     faint = build_checkpoint("mixtral", tmp_path)
     with pytest.raises(ValueError, match="cannot judge this model's experts"):
         reference_logits(faint, "MixtralForCausalLM")
+
+
+def test_a_forward_the_ranks_here_cannot_hold_is_not_judged_and_says_why(tiny_moe: Path, tmp_path: Path) -> None:
+    """The ZeRO-3 forward gathers each module whole on every rank: where the ranks on this machine cannot hold the
+    largest twice, the judge says so instead of the OOM killer ending the launch."""
+    import transformers
+
+    from loadpolicy.bench import logits_rank
+    from loadpolicy.harness.rank import Rank
+
+    model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    for param in experts.parameters(recurse=False):
+        param.ds_numel = param.numel()  # as ZeRO-3 marks a partitioned parameter
+    gathered = sum(p.numel() * 2 for p in experts.parameters(recurse=False))
+    assert logits_rank.largest_gather(model) == gathered
+    four_ranks_here = mock.patch.dict("os.environ", {"LOCAL_WORLD_SIZE": "4"})
+    with four_ranks_here, mock.patch.object(logits_rank, "_available", return_value=2 * gathered * 4 - 1):
+        figures = judge_logits(Rank(tmp_path), tmp_path / "unused.pt", model, model.config.vocab_size)
+    assert figures["logits_error"] is None
+    assert figures["logits_problems"] == []
+    assert figures["logits_not_judged"] is not None
+    assert "2 copies on each of 4 ranks here" in figures["logits_not_judged"]
+    with four_ranks_here, mock.patch.object(logits_rank, "_available", return_value=2 * gathered * 4):
+        assert logits_rank.forward_does_not_fit(model) is None

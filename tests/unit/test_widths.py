@@ -253,6 +253,7 @@ def _load(rank: int, deviation: float | None, logits_problems: list[str] | None 
         "logits_from_rank0": None if deviation is None else 0.0,
         "logits_half_the_experts": None if deviation is None else 2.0,
         "logits_problems": logits_problems or [],
+        "logits_not_judged": None,
     }
 
 

@@ -16,6 +16,7 @@ class LogitsFigures(TypedDict):
     logits_from_rank0: float | None  # root mean square of (logits - rank 0's logits)
     logits_half_the_experts: float | None  # the error of a forward missing half of every layer's experts (reference)
     logits_problems: list[str]  # the judges' (`bench.logits`): against the reference, against rank 0
+    logits_not_judged: str | None  # why the forward did not run (`bench.logits_rank`): the ranks here lack the memory
 
 
 class LoadMeasurement(LogitsFigures):

@@ -17,7 +17,7 @@ from typing import Any
 
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy.bench.fingerprint import check_loaded
-from loadpolicy.bench.logits import forward_logits, judge, judge_agreement, prompt
+from loadpolicy.bench.logits_rank import NO_LOGITS, judge_logits
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -93,41 +93,6 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, engine
 
 
-NO_LOGITS: LogitsFigures = {
-    "logits_error": None,
-    "logits_bound": None,
-    "logits_from_one_process": None,
-    "logits_from_rank0": None,
-    "logits_half_the_experts": None,
-    "logits_problems": [],
-}
-
-
-def _judge_logits(this: Rank, reference: Path, engine: Any, vocab_size: int) -> LogitsFigures:
-    """The forward on the fixed prompt against the stock one-process forwards and against rank 0's (collective:
-    every rank runs it)."""
-    import torch  # noqa: PLC0415
-
-    this.stage("logits")
-    logits = forward_logits(engine, prompt(vocab_size))
-    verdict = judge(logits, torch.load(reference, weights_only=True))
-    problems = [verdict.problem] if verdict.problem else []
-    from_rank0 = None
-    if this.world_size > 1:
-        first = logits.clone()
-        torch.distributed.broadcast(first, src=0)
-        from_rank0, disagreement = judge_agreement(logits, first, verdict.bound)
-        problems += [disagreement] if disagreement else []
-    return {
-        "logits_error": verdict.error,
-        "logits_bound": verdict.bound,
-        "logits_from_one_process": verdict.from_one_process,
-        "logits_from_rank0": from_rank0,
-        "logits_half_the_experts": verdict.half_the_experts,
-        "logits_problems": problems,
-    }
-
-
 def _initialize_and_judge_logits(
     this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any]
 ) -> tuple[float | None, LogitsFigures]:
@@ -135,7 +100,7 @@ def _initialize_and_judge_logits(
     seconds, engine = _initialize(model, config) if spec["zero3"] else (None, model)
     if spec["logits"] is None:
         return seconds, NO_LOGITS
-    return seconds, _judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
+    return seconds, judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
 
 
 def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tuple[int, list[str]]:

@@ -68,6 +68,7 @@ class Row:
     logits_bound: float | None = None
     logits_from_one_process: float | None = None
     logits_half_the_experts: float | None = None  # the reference's: a forward missing half the experts lands there
+    logits_not_judged: str | None = None  # why a load's forward did not run (the same on every rank)
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -101,6 +102,7 @@ def load_row(
         logits_bound=_largest([r["logits_bound"] for r in results]),
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
         logits_half_the_experts=_largest([r["logits_half_the_experts"] for r in results]),
+        logits_not_judged=results[0]["logits_not_judged"],
     )
 
 
@@ -309,6 +311,8 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
 def _logits(row: Row) -> str:
     """The logits' figures beside the values: root mean square from the float32 forward, its bound, and the largest
     difference from the stock bf16 one."""
+    if row.logits_not_judged:
+        return f"; logits not judged: {row.logits_not_judged}"
     if row.logits_bound is None:
         return ""
     figures = (row.logits_error, row.logits_bound, row.logits_from_one_process, row.logits_half_the_experts)
