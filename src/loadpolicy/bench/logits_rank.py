@@ -1,10 +1,11 @@
 """One rank's logits judge (`bench.logits`) after a benchmark load: the forward on the fixed prompt, where it fits.
 
-A ZeRO-3 forward gathers each module's parameters whole on every rank; the ranks of a launch on one machine gather
-together, and at the published widths one experts module is GiBs (Mixtral-8x7B's is 2.6 GiB in bf16). Where the
-launch's ranks on this machine cannot all hold the largest module twice (the gathered tensor and DeepSpeed's flat
-buffer) in the memory available, the logits are not judged, and the row says why, rather than the kernel's OOM
-killer ending the launch.
+A ZeRO-3 forward gathers each module's parameters whole on every rank, and the ranks of a launch on one machine
+gather together: at the published widths one experts module is GiBs (Mixtral-8x7B's is 2.6 GiB in bf16). Where the
+launch's ranks on this machine cannot all hold twice the largest module in the memory available, the logits are not
+judged and the row says why, rather than the kernel's OOM killer ending the launch. Twice, because once did not do:
+Mixtral-8x7B's ZeRO-3 forward at 4 ranks (10.5 GiB gathered over the ranks) was OOM-killed on this 23 GiB machine,
+and its 2-rank forward ran.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ NO_LOGITS: LogitsFigures = {
     "logits_problems": [],
     "logits_not_judged": None,
 }
-# the gathered module and DeepSpeed's flat buffer it is gathered into
+# room per rank for the largest module gathered, and as much beside it for what the forward allocates
 GATHER_COPIES = 2
 
 
