@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 
-PROMPT_SHAPE = (2, 32)  # sequences x tokens: every expert of the widest shapes sees a few
+PROMPT_SHAPE = (2, 32)  # sequences x tokens: 512 routes over Qwen3's 128 experts, 4 each on average
 PROMPT_SEED = 0
 # the reference's file name says which prompt it was computed on: another prompt computes it again
 REFERENCE_NAME = f"logits-{PROMPT_SHAPE[0]}x{PROMPT_SHAPE[1]}-seed{PROMPT_SEED}.pt"
