@@ -57,15 +57,15 @@ def forward_does_not_fit(model: Any) -> str | None:
     import torch  # noqa: PLC0415
 
     on_this_machine = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    need = GATHER_COPIES * largest_gather(model) * on_this_machine
-    short = torch.tensor([float(need > _available())])
+    gathered, available = largest_gather(model), _available()
+    short = torch.tensor([float(GATHER_COPIES * gathered * on_this_machine > available)])
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(short, op=torch.distributed.ReduceOp.MAX)
     if not short.item():
         return None
     return (
-        f"the forward gathers {largest_gather(model) / GIB:.2f} GiB per rank, {GATHER_COPIES} copies on each of "
-        f"{on_this_machine} ranks here: more than the {_available() / GIB:.1f} GiB available"
+        f"the forward gathers {gathered / GIB:.2f} GiB per rank, {GATHER_COPIES} copies on each of "
+        f"{on_this_machine} ranks here: more than the {available / GIB:.1f} GiB available"
     )
 
 
