@@ -27,6 +27,7 @@ from loadpolicy.validate import command as validate_command
 from loadpolicy.validate import mutants as mutants_command
 from loadpolicy.widths import rounds as widths_rounds_command
 from loadpolicy.widths import run as widths_command
+from loadpolicy.widths import step_run as widths_step_command
 
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     save_command.add_parser(dev)
     widths_command.add_parser(dev)
     widths_rounds_command.add_parser(dev)
+    widths_step_command.add_parser(dev)
     return parser
 
 

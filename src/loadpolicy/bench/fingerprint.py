@@ -64,25 +64,33 @@ def fingerprint_block(local: Any, offsets: tuple[int, ...], whole: tuple[int, ..
     return signed, absolute
 
 
+def partition_place(param: Any) -> tuple[int, int, Any]:
+    """Where this rank's ZeRO-3 partition of `param` (`ds_tensor`, or any tensor laid out as it is) starts in the whole
+    tensor's flat elements, how many it holds (the padding at the end left out), and the group whose ranks' partitions
+    make up the whole tensor ("world" for an expert shard)."""
+    import torch  # noqa: PLC0415
+
+    group = param.ds_process_group
+    size = param.ds_tensor.numel()
+    first = torch.distributed.get_rank(group) * size
+    count = max(0, min(size, param.ds_numel - first))
+    if getattr(param, "ds_zero_placement_family", None) == "autoep_expert":
+        # an expert shard: the partition is of this rank's expert rows, the rows of its place in the EP group; over
+        # the world every element is held once (one expert data-parallel group per place)
+        from deepspeed.utils import groups  # noqa: PLC0415
+
+        expert_group = groups._get_expert_parallel_group(param.group_name)
+        return first + torch.distributed.get_rank(expert_group) * param.ds_numel, count, "world"
+    return first, count, group
+
+
 def _held(param: Any) -> tuple[tuple[float, float], Any]:
     """The sums of the elements this rank holds, at their places in the whole tensor, and the group whose ranks'
     sums add up to the whole tensor's (None: this rank holds all of it)."""
-    import torch  # noqa: PLC0415
 
-    if hasattr(param, "ds_tensor"):  # a ZeRO-3 partition of `ds_numel` elements, padded at the end
-        group = param.ds_process_group
-        size = param.ds_tensor.numel()
-        first = torch.distributed.get_rank(group) * size
-        flat = param.ds_tensor.reshape(-1)[: max(0, min(size, param.ds_numel - first))]
-        if getattr(param, "ds_zero_placement_family", None) == "autoep_expert":
-            # an expert shard: the partition is of this rank's expert rows, the rows of its place in the EP group;
-            # over the world every element is held once (one expert data-parallel group per place)
-            from deepspeed.utils import groups  # noqa: PLC0415
-
-            expert_group = groups._get_expert_parallel_group(param.group_name)
-            first += torch.distributed.get_rank(expert_group) * param.ds_numel
-            return fingerprint(flat, first), "world"
-        return fingerprint(flat, first), group
+    if hasattr(param, "ds_tensor"):
+        first, count, group = partition_place(param)
+        return fingerprint(param.ds_tensor.reshape(-1)[:count], first), group
     if hasattr(param, "to_local"):  # a DTensor: this rank's block of the whole tensor
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 

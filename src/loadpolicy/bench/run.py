@@ -39,7 +39,7 @@ def _applies(case: Case, model: BenchModel) -> bool:
 
 def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
-    return _one_process(
+    return one_process(
         checkpoint, model_class, stock, out / "fingerprints.json", timeout, "loadpolicy.bench.fingerprint"
     )
 
@@ -47,10 +47,10 @@ def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, t
 def logits_reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's logits on the fixed prompt from one-process forwards on the stock tree (`bench.logits`),
     computed once per checkpoint."""
-    return _one_process(checkpoint, model_class, stock, out / REFERENCE_NAME, timeout, "loadpolicy.bench.logits")
+    return one_process(checkpoint, model_class, stock, out / REFERENCE_NAME, timeout, "loadpolicy.bench.logits")
 
 
-def _one_process(checkpoint: Path, model_class: str, stock: Path, path: Path, timeout: float, module: str) -> Path:
+def one_process(checkpoint: Path, model_class: str, stock: Path, path: Path, timeout: float, module: str) -> Path:
     newest = max(f.stat().st_mtime for f in checkpoint.iterdir())
     if path.exists() and path.stat().st_mtime > newest:
         return path

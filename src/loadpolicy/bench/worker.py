@@ -29,7 +29,7 @@ def _local(param: Any) -> Any:
     return param.to_local() if hasattr(param, "to_local") else param.data
 
 
-def _load(spec: BenchSpec, model_class: Any) -> Any:
+def load(spec: BenchSpec, model_class: Any) -> Any:
     import torch  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
@@ -53,7 +53,7 @@ def _profiled(this: Rank, spec: BenchSpec, model_class: Any) -> Any:
 
     profile = cProfile.Profile()
     try:
-        return profile.runcall(_load, spec, model_class)
+        return profile.runcall(load, spec, model_class)
     finally:
         text = io.StringIO()
         for order in ("cumulative", "tottime"):
@@ -139,7 +139,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     start = time.perf_counter()
     this.stage("from_pretrained")
     with PeakSampler() as sampler:
-        model = _profiled(this, spec, model_class) if os.environ.get(PROFILE) else _load(spec, model_class)
+        model = _profiled(this, spec, model_class) if os.environ.get(PROFILE) else load(spec, model_class)
     seconds = time.perf_counter() - start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]

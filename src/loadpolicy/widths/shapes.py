@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,18 @@ SHAPES = (
     ),
 )
 SHAPES_BY_NAME = {shape.name: shape for shape in SHAPES}
+
+
+def with_layers(shape: WidthShape, layers: int) -> WidthShape:
+    """`shape` cut to its first `layers` layers (its per-layer list cut alike), named for it; as it is where it has
+    no more."""
+    config = shape.architecture.config
+    if layers >= config["num_hidden_layers"]:
+        return shape
+    cut = config | {"num_hidden_layers": layers}
+    if "layer_types" in config:
+        cut["layer_types"] = config["layer_types"][:layers]
+    return replace(shape, architecture=replace(shape.architecture, name=f"{shape.name}-{layers}l", config=cut))
 
 
 class SizeGuardError(CommandError):
