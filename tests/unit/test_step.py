@@ -105,6 +105,21 @@ def test_nan_a_position_no_rank_or_two_ranks_hold_and_a_missing_parameter_fail()
     assert "model.extra: not in the reference" in problems
 
 
+def test_a_nan_or_missing_loss_and_a_reference_that_cannot_see_its_experts_fail() -> None:
+    reference = _reference()
+    assert "the ranks' loss is nan (1 reported)" in judge_step(reference, [math.nan], _ranks(reference)).problems
+    assert "the ranks' loss is nan (0 reported)" in judge_step(reference, [], _ranks(reference)).problems
+    blind = _reference(bf16_error=1.0)
+    assert (
+        f"the reference cannot tell a halved expert gradient: {[EXPERTS]}"
+        in judge_step(blind, [2.0], _ranks(blind)).problems
+    )
+    assert (
+        "the reference cannot tell a halved expert gradient: none"
+        in judge_step(reference | {"experts": []}, [2.0], _ranks(reference)).problems
+    )
+
+
 def test_a_reference_whose_bf16_error_hides_a_halved_expert_gradient_is_refused() -> None:
     assert reach_problems(_reference(bf16_error=1e-3)) == []
     assert reach_problems(_reference(bf16_error=1.0)) == [EXPERTS]

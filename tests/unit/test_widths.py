@@ -18,7 +18,7 @@ from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement
 from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
 from loadpolicy.widths.run import LIMIT, LIMIT_IN_FLIGHT, PEER, Row, goals, load_row, reader_row, render_markdown
-from loadpolicy.widths.shapes import SHAPES
+from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
 
 
 def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> None:
@@ -141,6 +141,21 @@ def test_shapes_keep_the_published_widths() -> None:
     assert by_name["deepseek-v2-lite"]["num_hidden_layers"] > 1
     assert by_name["gpt-oss-20b"]["vocab_size"] == 201088
     assert len({s.identity() for s in SHAPES}) == len(SHAPES)
+
+
+def test_a_shape_cut_to_fewer_layers_keeps_its_widths_and_is_named_and_built_apart() -> None:
+    deepseek = SHAPES_BY_NAME["deepseek-v2-lite"]
+    cut = with_layers(deepseek, 2)
+    assert cut.name == "deepseek-v2-lite-2l"
+    assert cut.architecture.config == deepseek.architecture.config | {"num_hidden_layers": 2}
+    assert cut.identity() != deepseek.identity()
+    wide = SHAPES_BY_NAME["gpt-oss-20b"].architecture.config | {"num_hidden_layers": 2}
+    wide["layer_types"] = ["sliding_attention", "full_attention"]
+    gpt_oss = SHAPES_BY_NAME["gpt-oss-20b"]
+    two = type(gpt_oss)(type(gpt_oss.architecture)(**{**asdict(gpt_oss.architecture), "config": wide}), "x", 24)
+    assert with_layers(two, 1).architecture.config["layer_types"] == ["sliding_attention"]
+    assert with_layers(deepseek, 3) is deepseek  # no more layers than it has: as it is
+    assert with_layers(SHAPES_BY_NAME["mixtral-8x7b"], 2) is SHAPES_BY_NAME["mixtral-8x7b"]
 
 
 def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file(tmp_path: Path) -> None:

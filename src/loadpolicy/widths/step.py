@@ -28,8 +28,8 @@ from typing import Any
 BATCH_SHAPE = (4, 8)
 BATCH_SEED = 1
 LEARNING_RATE = 1.0  # plain SGD: the update is the gradient, far above float32's rounding of the weights
-SAMPLES = 2048  # positions judged per parameter
-REFERENCE_NAME = f"step-{BATCH_SHAPE[0]}x{BATCH_SHAPE[1]}-seed{BATCH_SEED}-sgd{LEARNING_RATE:g}.pt"
+SAMPLES = 2048  # positions judged per parameter (at most: half drawn over the tensor, half where it has a gradient)
+REFERENCE_NAME = f"step-{BATCH_SHAPE[0]}x{BATCH_SHAPE[1]}-seed{BATCH_SEED}-sgd{LEARNING_RATE:g}-{SAMPLES}.pt"
 BOUND_FACTOR = 2.0
 # where the one-process bf16 step happens to match float32 closely (few nonzero gradients), the sharded one may still
 # round: a floor of float32's own relative precision times the gradient's size, far below any lost factor
@@ -112,6 +112,8 @@ def reference_step(checkpoint: Path, model_class: str) -> dict[str, Any]:
         "experts": full["experts"],
         "learning_rate": LEARNING_RATE,
     }
+    if not reference["experts"]:
+        raise ValueError(f"{model_class} has no `.experts.` parameters: the step's judge is for MoE models")
     if problems := reach_problems(reference):
         raise ValueError(f"the step's bound cannot tell a lost factor of 2 in these expert gradients: {problems}")
     return reference
@@ -178,7 +180,7 @@ def assemble(count: int, held: list[dict[str, list[Any]]]) -> tuple[Any, Any, An
         index = torch.tensor(share["index"], dtype=torch.int64)
         grad[index] = torch.tensor(share["grad"], dtype=torch.float64)
         weight[index] = torch.tensor(share["weight"], dtype=torch.float64)
-        holders[index] += 1
+        holders.index_add_(0, index, torch.ones_like(index))  # a position listed twice counts twice
     return grad, weight, holders
 
 
@@ -203,13 +205,18 @@ def judge_step(reference: dict[str, Any], losses: list[float], samples: list[dic
             ratio = math.inf if math.isnan(ratio) else ratio
             if ratio > worst[kind][0]:
                 worst[kind] = (ratio, name)
+    loss = sum(losses) / len(losses) if losses else math.nan
+    if not math.isfinite(loss):
+        problems.append(f"the ranks' loss is {loss} ({len(losses)} reported)")
+    if not (reach(reference) > 1.0):  # a reference computed before its own check, or without experts
+        problems.append(f"the reference cannot tell a halved expert gradient: {reach_problems(reference) or 'none'}")
     return StepVerdict(
         judged=len(reference["positions"]),
         grad_ratio=worst["grad"][0],
         grad_worst=worst["grad"][1],
         weight_ratio=worst["weight"][0],
         weight_worst=worst["weight"][1],
-        loss=sum(losses) / len(losses) if losses else math.nan,
+        loss=loss,
         loss_float32=reference["loss"],
         loss_bf16=reference["bf16_loss"],
         reach=reach(reference),

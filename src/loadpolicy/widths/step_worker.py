@@ -49,6 +49,9 @@ def _held(params: dict[str, Any], chosen: dict[str, Any], local: Any) -> dict[st
 
     held: dict[str, dict[str, Any]] = {}
     for name, param in params.items():
+        if name not in chosen:  # the judge names it
+            held[name] = {"index": [], "values": []}
+            continue
         if not hasattr(param, "ds_tensor"):
             raise RuntimeError(f"{name} is not a ZeRO-3 partitioned parameter after deepspeed.initialize")
         first, count, _ = partition_place(param)
