@@ -24,6 +24,7 @@ from loadpolicy.errors import positive_int
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.widths.cases import LOADS
+from loadpolicy.widths.run import MAX_GIB
 from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build, checkpoint_bytes, with_layers
 from loadpolicy.widths.step import REFERENCE_NAME, StepVerdict, judge_step
 from loadpolicy.widths.step_worker import StepRank, StepSpec
@@ -60,11 +61,18 @@ def replicas(case: Case, ranks: int) -> int:
 
 
 def step_once(
-    checkpoint: Path, model_class: str, case: Case, ranks: int, trees: dict[Tree, Path], where: Path, timeout: float
+    checkpoint: Path,
+    model_class: str,
+    reference_path: Path,
+    case: Case,
+    ranks: int,
+    trees: dict[Tree, Path],
+    where: Path,
+    timeout: float,
 ) -> Row:
+    """One launch of `case`'s step, judged against the one-process step at `reference_path` (`widths.step`)."""
     import torch  # noqa: PLC0415
 
-    reference_path = checkpoint.parent.parent / "fingerprints" / checkpoint.name / REFERENCE_NAME
     spec: StepSpec = {
         **case.spec(ranks, checkpoint, model_class, Path()),
         "step_reference": str(reference_path),
@@ -96,12 +104,13 @@ def widths_step(
 ) -> list[Row]:
     trees = prepare_trees(out, patches, cache)
     prebuild_deepspeed_ops(out)
-    path = build(shape, checkpoints.resolve(), max_gib=8.0)
+    path = build(shape, checkpoints.resolve(), max_gib=MAX_GIB)
     model_class = shape.architecture.model_class
-    references = checkpoints.resolve().parent / "fingerprints" / shape.name
-    one_process(path, model_class, trees[Tree.STOCK], references / REFERENCE_NAME, timeout, "loadpolicy.widths.step")
+    reference = checkpoints.resolve().parent / "fingerprints" / shape.name / REFERENCE_NAME
+    one_process(path, model_class, trees[Tree.STOCK], reference, timeout, "loadpolicy.widths.step")
+    runs = out / "runs"
     return [
-        step_once(path, model_class, case, ranks, trees, out / "runs" / case.label.replace(" ", "_"), timeout)
+        step_once(path, model_class, reference, case, ranks, trees, runs / case.label.replace(" ", "_"), timeout)
         for case in cases
     ]
 
