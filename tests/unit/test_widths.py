@@ -260,6 +260,8 @@ def _load(rank: int, deviation: float | None, logits_problems: list[str] | None 
         "unpartitioned": 0,
         "seconds": 1.0,
         "touch_seconds": 0.0,
+        "initialize_seconds": None,
+        "initialize_peak_total": None,
         "fingerprinted": 3,
         "value_problems": [],
         "logits_error": deviation,
@@ -290,3 +292,31 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     assert "values differ" not in failed.error
     unjudged = load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3)
     assert "logits" not in render_markdown([unjudged], header=False)
+
+
+def test_a_zero3_load_row_says_when_training_can_start_and_the_peak_through_initialize() -> None:
+    epmeta = next(case for case in LOADS if case.label == "EPMeta: partition reads")
+    ranks = [
+        _load(0, None) | {"seconds": 1.0, "touch_seconds": 0.5, "initialize_seconds": 2.0},
+        _load(1, None) | {"seconds": 1.5, "touch_seconds": 0.0, "initialize_seconds": 1.0},
+    ]
+    ranks[0]["initialize_peak_total"] = 3 << 30  # AutoEP gathers a layer's experts in initialize
+    ranks[1]["initialize_peak_total"] = 1 << 30
+    row = load_row("s", epmeta, 2, 100, ranks, tree=Path("/t"), parameters=3)
+    assert (row.trainable_seconds, row.trainable_peak_gib) == (3.5, 3.0)
+    assert "| s | 2 | EPMeta: partition reads | 3.50 | 3.00 |" in render_markdown([row])
+    row = load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3)
+    assert (row.trainable_seconds, row.trainable_peak_gib) == (None, None)
+    assert "Until training can start" not in render_markdown([row])
+
+
+def test_deepspeed_autoep_is_a_stock_zero3_load_and_runs_where_it_has_a_preset() -> None:
+    pytest.importorskip("deepspeed")
+    from loadpolicy.harness.launch import Tree
+    from loadpolicy.widths.cases import has_autoep_preset
+
+    autoep = next(case for case in LOADS if case.autoep)
+    assert (autoep.tree, autoep.zero3, autoep.moe_only) == (Tree.STOCK, True, True)
+    assert autoep.spec(2, Path("c"), "MixtralForCausalLM", Path("f"))["autoep"] is True
+    assert not any(case.spec(2, Path("c"), "M", Path("f"))["autoep"] for case in LOADS if not case.autoep)
+    assert [has_autoep_preset(t) for t in ("mixtral", "qwen3_moe", "deepseek_v2", "gpt_oss")] == [1, 1, 1, 0]

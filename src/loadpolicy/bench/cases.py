@@ -27,6 +27,8 @@ class Case:
     tree: Tree = Tree.PATCHED
     # the loader every rank must report, where the policy has more than one
     branch: LoadingBranch | None = None
+    # DeepSpeed AutoEP: a stock `zero.Init` load whose experts `deepspeed.initialize` regroups over the ranks
+    autoep: bool = False
 
     def shape(self, ranks: int) -> LaunchShape:
         """EP over every rank (`DistributedConfig(tp_size=R, ep_size=R)`) where the case uses EP."""
@@ -46,6 +48,7 @@ class Case:
             "model_class": model_class,
             "fingerprints": str(fingerprints),
             "logits": None if logits is None else str(logits),
+            "autoep": self.autoep,
         }
 
     def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:

@@ -33,6 +33,7 @@ class LoadMeasurement(LogitsFigures):
     # `deepspeed.initialize(model)` after touching, ZeRO-3 launches only (None otherwise): what is left to do before
     # training, e.g. partitioning (and broadcasting) a model loaded whole
     initialize_seconds: float | None
+    initialize_peak_total: int | None  # peak RSS during that `deepspeed.initialize` (None where it did not run)
     rss_before: int
     anon_before: int
     file_before: int
@@ -61,3 +62,6 @@ class BenchSpec(TypedDict):
     model_class: str
     fingerprints: str  # the stock one-process load's fingerprints of the checkpoint (`bench.fingerprint`)
     logits: str | None  # the stock one-process forwards' logits (`bench.logits`): judged after loading where given
+    # DeepSpeed AutoEP regroups the experts over every rank in `deepspeed.initialize` (its `expert_parallel` section,
+    # the preset named like the checkpoint's model type; stock tree, with `autoep.worker`'s registry shim)
+    autoep: bool

@@ -79,28 +79,35 @@ def _touch_every_tensor(model: Any) -> tuple[int, float]:
     return owned, time.perf_counter() - start
 
 
-def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, Any]:
-    """Seconds of `deepspeed.initialize(model)`, every rank starting together, after the measurements of loading: a
-    model loaded whole is partitioned here (its parameters broadcast from rank 0 first), one loaded into ZeRO-3
-    partitions is not. No optimizer, so that only what loading left undone is timed. And the engine."""
+def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
+    """Seconds and peak RSS of `deepspeed.initialize(model)`, every rank starting together, after the measurements of
+    loading: a model loaded whole is partitioned here (its parameters broadcast from rank 0 first), one loaded into
+    ZeRO-3 partitions is not, AutoEP regroups the experts here. No optimizer, so that only what loading left undone is
+    timed. And the engine."""
     import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
+    if "expert_parallel" in config:  # AutoEP on the stock tree
+        from loadpolicy.autoep.worker import apply_output_capture_registry_shim  # noqa: PLC0415
+
+        apply_output_capture_registry_shim()
     torch.distributed.barrier()
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     start = time.perf_counter()
-    engine, *_ = deepspeed.initialize(model=model, config=config)
-    torch.distributed.barrier()  # the slowest rank's
-    return time.perf_counter() - start, engine
+    with PeakSampler() as sampler:
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        torch.distributed.barrier()  # the slowest rank's
+    return time.perf_counter() - start, max(sampler.peak["total"], memory_status()["VmHWM"]), engine
 
 
 def _initialize_and_judge_logits(
     this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any]
-) -> tuple[float | None, LogitsFigures]:
+) -> tuple[float | None, int | None, LogitsFigures]:
     """`deepspeed.initialize` (ZeRO-3 launches), then the logits where the spec names a reference for them."""
-    seconds, engine = _initialize(model, config) if spec["zero3"] else (None, model)
+    seconds, peak, engine = _initialize(model, config) if spec["zero3"] else (None, None, model)
     if spec["logits"] is None:
-        return seconds, NO_LOGITS
-    return seconds, judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
+        return seconds, peak, NO_LOGITS
+    return seconds, peak, judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
 
 
 def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tuple[int, list[str]]:
@@ -119,12 +126,26 @@ def _zero3_config(world: int) -> dict[str, Any]:
     }
 
 
+def autoep_section(checkpoint: str, world: int) -> dict[str, Any]:
+    """DeepSpeed AutoEP's config section: experts over every rank, the preset named like the model type."""
+    import transformers  # noqa: PLC0415
+
+    return {
+        "enabled": True,
+        "autoep_size": world,
+        "preset_model": transformers.AutoConfig.from_pretrained(checkpoint).model_type,
+        "use_grouped_mm": False,  # torch._grouped_mm's path needs Triton; the per-expert loop runs on the CPU
+    }
+
+
 def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     zero3 = _zero3_config(this.world_size)
+    if spec["autoep"]:
+        zero3["expert_parallel"] = autoep_section(spec["checkpoint"], this.world_size)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
     import deepspeed  # noqa: PLC0415
 
@@ -149,7 +170,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     # what loading partitioned, before `deepspeed.initialize` partitions the rest
     unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
     fingerprinted, value_problems = _compare_with_checkpoint(this, Path(spec["fingerprints"]), model)
-    initialize_seconds, logits = _initialize_and_judge_logits(this, spec, model, zero3)
+    initialize_seconds, initialize_peak, logits = _initialize_and_judge_logits(this, spec, model, zero3)
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
         "rank": this.rank,
@@ -160,6 +181,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
         "seconds": seconds,
         "touch_seconds": touch_seconds,
         "initialize_seconds": initialize_seconds,
+        "initialize_peak_total": initialize_peak,
         "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
         "anon_before": before["RssAnon"],
         "file_before": before["RssFile"] + before["RssShmem"],

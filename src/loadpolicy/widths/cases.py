@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 
 from loadpolicy.bench.cases import CASES, Case
+from loadpolicy.harness.launch import Tree
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout
 
@@ -35,6 +36,17 @@ LOADS: tuple[Case, ...] = (
         branch=LoadingBranch.ZERO3_READ_PARTITIONS,
     ),
     _BY_LABEL["MetaShardOnRead: plain EP"],
+    # the peer that trains: stock zero.Init, then AutoEP regroups the experts over the ranks in deepspeed.initialize
+    Case("DeepSpeed AutoEP", PolicyName.ZERO3_INIT, zero3=True, tree=Tree.STOCK, moe_only=True, autoep=True),
 )
+
+
+def has_autoep_preset(model_type: str) -> bool:
+    """Whether DeepSpeed AutoEP has a preset for the model type (gpt-oss has none in 0.19.8)."""
+    from deepspeed.module_inject.auto_ep_presets.registry import PRESET_MODELS  # noqa: PLC0415
+
+    return model_type in PRESET_MODELS
+
+
 # the loads held to the goals (within 1.5x the limit, peak <= 1.05x (T/W + baseline)): those that read partitions
 PARTITION_READS = frozenset(case.label for case in LOADS if case.branch is LoadingBranch.ZERO3_READ_PARTITIONS)

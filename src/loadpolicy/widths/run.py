@@ -35,7 +35,7 @@ from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.units import GIB
 from loadpolicy.widths.calibrate import calibrate_widths
-from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader, has_autoep_preset
 from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy.widths.ranges import read_spans
 from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
@@ -69,6 +69,10 @@ class Row:
     logits_from_one_process: float | None = None
     logits_half_the_experts: float | None = None  # the reference's: a forward missing half the experts lands there
     logits_not_judged: str | None = None  # why a load's forward did not run (the same on every rank)
+    # ZeRO-3 loads: the slowest rank's load, touch and `deepspeed.initialize` (until training can start), and the
+    # largest per-rank peak RSS over all three
+    trainable_seconds: float | None = None
+    trainable_peak_gib: float | None = None
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -90,6 +94,7 @@ def load_row(
     if problems := case.problems(results, judged["tree"], judged["parameters"]):
         return replace(base, error="; ".join(problems)[:400])
     peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
+    trainable = _until_trainable(results)
     return replace(
         base,
         # until every byte is in memory: a load that maps files reads its pages at first touch
@@ -103,7 +108,18 @@ def load_row(
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
         logits_half_the_experts=_largest([r["logits_half_the_experts"] for r in results]),
         logits_not_judged=results[0]["logits_not_judged"],
+        trainable_seconds=trainable[0],
+        trainable_peak_gib=trainable[1],
     )
+
+
+def _until_trainable(results: list[LoadMeasurement]) -> tuple[float | None, float | None]:
+    """Where every rank ran `deepspeed.initialize`: until training can start, and the peak over loading and it."""
+    if any(r["initialize_seconds"] is None or r["initialize_peak_total"] is None for r in results):
+        return None, None
+    seconds = max(r["seconds"] + r["touch_seconds"] + (r["initialize_seconds"] or 0.0) for r in results)
+    peak = max(max(r["peak_total"], r["held_total"], r["initialize_peak_total"] or 0) for r in results)
+    return seconds, peak / GIB
 
 
 def _largest(values: list[float | None]) -> float | None:
@@ -185,8 +201,9 @@ def _read_every_way(
 
     first_limits = [reader(kind, out / str(kind)) for kind in (Reader.PREAD, Reader.PREAD_IN_FLIGHT)]
     rows: list[Row] = []
-    for case in LOADS:
-        tree, where = trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}"
+    model_type = checkpoint.shape.architecture.transformers_config().model_type
+    for case in (case for case in LOADS if not case.autoep or has_autoep_preset(model_type)):
+        tree, where = trees[case.tree], out / f"{case.policy}-{case.layout}-{case.tree}{'-autoep' * case.autoep}"
         if rejudge:
             results = _recorded(tree, where, count, timeout, LoadMeasurement)
             rows.append(load_row(name, case, count, total, results, tree=tree, parameters=checkpoint.parameters))
@@ -304,8 +321,26 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
             f"| {_figure(r.read_rank_gib)} | {values} |"
         )
     if header:
-        lines += ["", *goals(rows)]
+        lines += [*_until_trainable_table(rows), "", *goals(rows)]
     return "\n".join(lines) + "\n"
+
+
+def _until_trainable_table(rows: list[Row]) -> list[str]:
+    trainable = [r for r in rows if r.trainable_seconds is not None]
+    if not trainable:
+        return []
+    return [
+        "",
+        "Until training can start: the ZeRO-3 loads' time with `deepspeed.initialize` (no optimizer; DeepSpeed "
+        "AutoEP regroups its experts there), and the peak over both.",
+        "",
+        "| shape | ranks | way | time s | peak GiB |",
+        "|---|---:|---|---:|---:|",
+        *(
+            f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.trainable_seconds)} | {_figure(r.trainable_peak_gib)} |"
+            for r in trainable
+        ),
+    ]
 
 
 def _logits(row: Row) -> str:
