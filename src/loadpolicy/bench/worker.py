@@ -97,7 +97,10 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
     with PeakSampler() as sampler:
         engine, *_ = deepspeed.initialize(model=model, config=config)
         torch.distributed.barrier()  # the slowest rank's
-    return time.perf_counter() - start, max(sampler.peak["total"], memory_status()["VmHWM"]), engine
+    seconds = time.perf_counter() - start
+    if "expert_parallel" in config and not any(getattr(m, "_is_autoep_layer", False) for m in engine.modules()):
+        raise RuntimeError("deepspeed.initialize replaced no MoE block with an AutoEPMoELayer")
+    return seconds, max(sampler.peak["total"], memory_status()["VmHWM"]), engine
 
 
 def _initialize_and_judge_logits(
