@@ -320,3 +320,16 @@ def test_deepspeed_autoep_is_a_stock_zero3_load_and_runs_where_it_has_a_preset()
     assert autoep.spec(2, Path("c"), "MixtralForCausalLM", Path("f"))["autoep"] is True
     assert not any(case.spec(2, Path("c"), "M", Path("f"))["autoep"] for case in LOADS if not case.autoep)
     assert [has_autoep_preset(t) for t in ("mixtral", "qwen3_moe", "deepseek_v2", "gpt_oss")] == [1, 1, 1, 0]
+
+
+def test_an_autoep_row_whose_regrouped_experts_were_not_judged_fails() -> None:
+    # the fingerprints are taken before deepspeed.initialize; only the logits see the experts AutoEP regrouped
+    autoep = next(case for case in LOADS if case.autoep)
+    ranks = [_load(rank, None) | {"policy": None, "loading_branch": None} for rank in (0, 1)]  # the stock tree
+    assert load_row("s", autoep, 2, 100, ranks, tree=Path("/t"), parameters=3).error is None
+    for rank in ranks:
+        rank["logits_not_judged"] = "the forward needs 9 GiB, 4 available"
+    row = load_row("s", autoep, 2, 100, ranks, tree=Path("/t"), parameters=3)
+    assert row.error == "AutoEP's regrouped experts not judged: the forward needs 9 GiB, 4 available"
+    epmeta = next(case for case in LOADS if case.label == "EPMeta: partition reads")
+    assert load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3).error is None

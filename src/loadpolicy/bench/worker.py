@@ -91,6 +91,8 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
         from loadpolicy.autoep.worker import apply_output_capture_registry_shim  # noqa: PLC0415
 
         apply_output_capture_registry_shim()
+    # transformers' MoE blocks hold their experts as `experts`: AutoEP must replace every one of them
+    blocks = sum(isinstance(getattr(m, "experts", None), torch.nn.Module) for m in model.modules())
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     start = time.perf_counter()
@@ -98,8 +100,13 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
         engine, *_ = deepspeed.initialize(model=model, config=config)
         torch.distributed.barrier()  # the slowest rank's
     seconds = time.perf_counter() - start
-    if "expert_parallel" in config and not any(getattr(m, "_is_autoep_layer", False) for m in engine.modules()):
-        raise RuntimeError("deepspeed.initialize replaced no MoE block with an AutoEPMoELayer")
+    if "expert_parallel" in config:
+        replaced = sum(bool(getattr(m, "_is_autoep_layer", False)) for m in engine.modules())
+        if replaced != blocks or not blocks:
+            raise RuntimeError(
+                f"deepspeed.initialize replaced {replaced} of the model's {blocks} MoE blocks with an AutoEPMoELayer "
+                f"(preset_model={config['expert_parallel'].get('preset_model')!r})"
+            )
     return seconds, max(sampler.peak["total"], memory_status()["VmHWM"]), engine
 
 
@@ -107,6 +114,8 @@ def _initialize_and_judge_logits(
     this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any]
 ) -> tuple[float | None, int | None, LogitsFigures]:
     """`deepspeed.initialize` (ZeRO-3 launches), then the logits where the spec names a reference for them."""
+    if spec["zero3"]:
+        this.stage("deepspeed.initialize")
     seconds, peak, engine = _initialize(model, config) if spec["zero3"] else (None, None, model)
     if spec["logits"] is None:
         return seconds, peak, NO_LOGITS

@@ -3,11 +3,7 @@
 A maintainer merges PR 1, then PR 2 on top of it, and so on, so each prefix of the series that ends a PR must stand
 by itself: it imports, and the tests that PR adds pass on it (a test that needs a later PR belongs to that one). A PR
 whose patches say `Needs: none` is checked on the pristine sources with only its own patches: it can be merged first,
-alone, in any order with the others.
-
-After the last PR come the fork-only patches: the whole series imports, and every test of the test files they change
-runs on it. Each in-tree test thus runs once where its PR ends, and again on the whole series where a fork-only patch
-could change it; the whole series' behaviour is what `tox -e multigpu` and tests/patches run.
+alone, in any order with the others. The full series runs every test in `tox -e patches` already.
 """
 
 from __future__ import annotations
@@ -40,11 +36,6 @@ class PrefixResult:
             if self.alone
             else (f"patches 1-{self.patches}")
         )
-        if self.label == FORK:
-            return (
-                f"{self.label} (patches {self.first}-{self.patches}): the whole series imports; the "
-                f"{len(self.tests)} test(s) of the test files they change pass on it ({self.seconds:.0f}s)"
-            )
         return f"{self.label}: {where} apply and import; its {len(self.tests)} test(s) pass ({self.seconds:.0f}s)"
 
 
@@ -139,29 +130,7 @@ def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.
             git(tree, "worktree", "remove", "--force", str(worktree))
         results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone))
         first = end + 1
-    if first <= len(commits):
-        results.append(_check_fork(tree, commits, first, timeout))
     return results
-
-
-FORK = "fork-only"
-
-
-def _check_fork(tree: Path, commits: list[str], first: int, timeout: float) -> PrefixResult:
-    """The whole series (`tree` itself) imports, and every test of the test files the fork-only patches change passes.
-
-    A whole file, not only the tests a fork-only patch adds: its workers and helpers are shared by the file's tests.
-    """
-    started = time.monotonic()
-    tests = sorted(_tests_at(tree, commits[first - 2], commits[-1]))
-    modules = ["transformers", *_modules_changed(tree, commits[first - 1 :])]
-    _run([sys.executable, "-c", f"import {', '.join(modules)}"], tree, FORK, timeout)
-    if tests:
-        files = sorted({test.partition("::")[0] for test in tests})
-        summary = _pytest(tree, files, FORK, timeout)
-        if "skipped" in summary:
-            raise UpstreamError(f"{FORK}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
-    return PrefixResult(FORK, first, len(commits), tuple(tests), time.monotonic() - started, alone=False)
 
 
 # Where the series keeps its tests in transformers' layout (the sdist has none of these folders of its own)

@@ -93,6 +93,10 @@ def load_row(
         return replace(base, error=results)
     if problems := case.problems(results, judged["tree"], judged["parameters"]):
         return replace(base, error="; ".join(problems)[:400])
+    if (
+        case.autoep and results[0]["logits_not_judged"]
+    ):  # the fingerprints saw the experts before AutoEP regrouped them
+        return replace(base, error=f"AutoEP's regrouped experts not judged: {results[0]['logits_not_judged']}")
     peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
     trainable = _until_trainable(results)
     return replace(
