@@ -150,19 +150,30 @@ def autoep_section(checkpoint: str, world: int) -> dict[str, Any]:
     }
 
 
+def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
+    """The DeepSpeed config every rank holds: ZeRO-3, with AutoEP's section where the case asks for it."""
+    config = _zero3_config(world)
+    if spec["autoep"]:
+        config["expert_parallel"] = autoep_section(spec["checkpoint"], world)
+    return config
+
+
+def _init_distributed(this: Rank) -> None:
+    import deepspeed  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    this.stage("init_distributed")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
 def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    zero3 = _zero3_config(this.world_size)
-    if spec["autoep"]:
-        zero3["expert_parallel"] = autoep_section(spec["checkpoint"], this.world_size)
+    zero3 = _launch_config(spec, this.world_size)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
-    import deepspeed  # noqa: PLC0415
-
-    this.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    _init_distributed(this)
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
     model_class = getattr(transformers, spec["model_class"])
     torch.distributed.barrier()  # every rank starts loading together
