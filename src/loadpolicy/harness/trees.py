@@ -34,10 +34,10 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
 def compile_tree(src: Path) -> None:
     """Write the bytecode of a tree that ranks import from source, once, before any launch.
 
-    Without it the first launch's ranks all compile the transformers modules they import at once (about 2 s of CPU
-    per process here, a third of a two-rank launch), and where bytecode is not written (PYTHONDONTWRITEBYTECODE)
-    every later launch does again. `compileall` writes regardless of that flag, where PYTHONPYCACHEPREFIX says (tox
-    sets it); a file changed later (a mutation) no longer matches its bytecode and is compiled from source as before.
+    Ranks run with PYTHONDONTWRITEBYTECODE (tox sets it), so without this every rank of every launch compiles the
+    transformers modules it imports again: about 2 s of CPU per process here, a third of a two-rank launch.
+    `compileall` writes regardless of that flag; a file changed later (a mutation) no longer matches its bytecode and
+    is compiled from source as before.
     """
     if not compileall.compile_dir(str(src), quiet=1, workers=0):
         raise RuntimeError(f"could not compile every module under {src}")

@@ -68,8 +68,6 @@ def excerpt(detail: str, expects: str | None, width: int = 160) -> str:
 def mutated_copy(mutation: Mutation | None, target: Target, setup: Setup, dest: Path) -> Path:
     """A copy of the code `target` names, with `mutation` applied (None: unmutated); returns what `Check` runs on."""
     shutil.rmtree(dest, ignore_errors=True)
-    if sys.pycache_prefix:  # the last copy's bytecode at this path: a same-second, same-size edit would pass for it
-        shutil.rmtree(Path(sys.pycache_prefix) / str(dest.resolve()).lstrip("/"), ignore_errors=True)
     skip = shutil.ignore_patterns("__pycache__")
     if target is Target.TREE:
         shutil.copytree(setup.trees[Tree.PATCHED] / "src", dest / "src", ignore=skip)
