@@ -14,11 +14,11 @@ STEPS = 5
 MIB = 1024**2
 
 
-def expert_parallel_section(arch: str) -> dict[str, Any]:
-    """AutoEP's config section (`module_inject/auto_ep_config.py`) for `arch` at ep 2."""
+def expert_parallel_section(arch: str, ep: int) -> dict[str, Any]:
+    """AutoEP's config section (`module_inject/auto_ep_config.py`) for model type `arch`, experts over `ep` ranks."""
     return {
         "enabled": True,
-        "autoep_size": WORLD // DP,
+        "autoep_size": ep,
         "preset_model": arch,  # the presets are named like the HF model types they cover
         # CPU: torch._grouped_mm's path applies the expert activation with a Triton kernel; the per-expert loop is
         # the path that runs in plain PyTorch.

@@ -157,7 +157,7 @@ def run_way(
     start = time.monotonic()
     spec = spec | {"mode": str(way)}
     if way is Way.AUTOEP:
-        spec["expert_parallel"] = expert_parallel_section(arch)
+        spec["expert_parallel"] = expert_parallel_section(arch, WORLD // DP)
     results = _launch(spec, trees[way.tree], out, WORLD, timeout, WayRank)
     if isinstance(results, str):
         return Row(arch, str(way), time.monotonic() - start, error=results)
@@ -317,7 +317,9 @@ def render_markdown(rows: list[Row], command: str, clip: float) -> str:
         "(`TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`); the shim lets a "
         "string key act as a plain dict key in `get` and `__setitem__`.",
         "",
-        "AutoEP config section: `" + json.dumps({"expert_parallel": expert_parallel_section("<arch>")}) + "`",
+        "AutoEP config section: `"
+        + json.dumps({"expert_parallel": expert_parallel_section("<arch>", WORLD // DP)})
+        + "`",
         "",
     ]
     return "\n".join(sections)

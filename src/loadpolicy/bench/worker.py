@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.autoep.cases import expert_parallel_section
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy.bench.fingerprint import check_loaded
 from loadpolicy.bench.logits_rank import NO_LOGITS, judge_logits
@@ -138,23 +139,15 @@ def _zero3_config(world: int) -> dict[str, Any]:
     }
 
 
-def autoep_section(checkpoint: str, world: int) -> dict[str, Any]:
-    """DeepSpeed AutoEP's config section: experts over every rank, the preset named like the model type."""
+def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
+    """The DeepSpeed config every rank holds: ZeRO-3, with AutoEP's section (experts over every rank) where the case
+    asks for it."""
     import transformers  # noqa: PLC0415
 
-    return {
-        "enabled": True,
-        "autoep_size": world,
-        "preset_model": transformers.AutoConfig.from_pretrained(checkpoint).model_type,
-        "use_grouped_mm": False,  # torch._grouped_mm's path needs Triton; the per-expert loop runs on the CPU
-    }
-
-
-def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
-    """The DeepSpeed config every rank holds: ZeRO-3, with AutoEP's section where the case asks for it."""
     config = _zero3_config(world)
     if spec["autoep"]:
-        config["expert_parallel"] = autoep_section(spec["checkpoint"], world)
+        model_type = transformers.AutoConfig.from_pretrained(spec["checkpoint"]).model_type
+        config["expert_parallel"] = expert_parallel_section(model_type, world)
     return config
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import transformers
 
+from loadpolicy.autoep.cases import expert_parallel_section
 from loadpolicy.autoep.worker import apply_output_capture_registry_shim
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
@@ -55,12 +56,7 @@ def ds_config(spec: ThroughputSpec, world: int) -> dict[str, Any]:
         "steps_per_print": 10_000,
     }
     if spec["way"] == "autoep":
-        config["expert_parallel"] = {
-            "enabled": True,
-            "autoep_size": spec["ep"],
-            "preset_model": spec["model_type"],
-            "use_grouped_mm": False,  # CPU: the per-expert loop is the path that runs in plain PyTorch
-        }
+        config["expert_parallel"] = expert_parallel_section(spec["model_type"], spec["ep"])
     return config
 
 

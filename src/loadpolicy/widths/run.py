@@ -93,9 +93,8 @@ def load_row(
         return replace(base, error=results)
     if problems := case.problems(results, judged["tree"], judged["parameters"]):
         return replace(base, error="; ".join(problems)[:400])
-    if (
-        case.autoep and results[0]["logits_not_judged"]
-    ):  # the fingerprints saw the experts before AutoEP regrouped them
+    # the fingerprints saw the experts before AutoEP regrouped them: its logits must be judged
+    if case.autoep and results[0]["logits_not_judged"]:
         return replace(base, error=f"AutoEP's regrouped experts not judged: {results[0]['logits_not_judged']}")
     peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
     trainable = _until_trainable(results)
@@ -119,10 +118,13 @@ def load_row(
 
 def _until_trainable(results: list[LoadMeasurement]) -> tuple[float | None, float | None]:
     """Where every rank ran `deepspeed.initialize`: until training can start, and the peak over loading and it."""
-    if any(r["initialize_seconds"] is None or r["initialize_peak_total"] is None for r in results):
-        return None, None
-    seconds = max(r["seconds"] + r["touch_seconds"] + (r["initialize_seconds"] or 0.0) for r in results)
-    peak = max(max(r["peak_total"], r["held_total"], r["initialize_peak_total"] or 0) for r in results)
+    seconds, peak = 0.0, 0
+    for r in results:
+        initialize_seconds, initialize_peak = r["initialize_seconds"], r["initialize_peak_total"]
+        if initialize_seconds is None or initialize_peak is None:
+            return None, None
+        seconds = max(seconds, r["seconds"] + r["touch_seconds"] + initialize_seconds)
+        peak = max(peak, r["peak_total"], r["held_total"], initialize_peak)
     return seconds, peak / GIB
 
 
