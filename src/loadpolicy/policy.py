@@ -159,7 +159,7 @@ class SavingBranch(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Zero3Init:
-    """Dense ZeRO-3: build under `deepspeed.zero.Init`; every rank reads its partitions, or rank 0 copies all."""
+    """Dense ZeRO-3: build on meta where every rank reads its partitions, else under `zero.Init`; rank 0 copies all."""
 
     # True when an outer `zero.Init` (transformers' `_is_ds_init_called`) is already active around this build.
     under_outer_init: bool = False
@@ -167,7 +167,8 @@ class Zero3Init:
     reads_partitions: bool = False
 
     name: ClassVar[PolicyName] = PolicyName.ZERO3_INIT
-    nested_from_config_opens_zero3_init: ClassVar[bool] = False  # the parent's zero.Init already covers it
+    # the parent's zero.Init already covers it, or the parent is on meta
+    nested_from_config_opens_zero3_init: ClassVar[bool] = False
     device_map: ClassVar[DeviceMapRule] = DeviceMapRule.REFUSE
     missing_keys: ClassVar[MissingKeys] = MissingKeys.LEAVE_TO_ZERO3
     weight_init: ClassVar[WeightInit] = WeightInit.GATHERED
@@ -176,7 +177,10 @@ class Zero3Init:
 
     @property
     def init_context(self) -> InitContext:
-        return InitContext.OUTER_ZERO3_INIT if self.under_outer_init else InitContext.ZERO3_INIT
+        if self.under_outer_init:
+            return InitContext.OUTER_ZERO3_INIT
+        # partitions that are read need no whole module first: they are made on the meta device, as EP's are
+        return InitContext.META if self.reads_partitions else InitContext.ZERO3_INIT
 
     @property
     def loading_branch(self) -> LoadingBranch:

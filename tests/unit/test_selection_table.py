@@ -73,9 +73,10 @@ ZERO3 = decisions(
 )
 # Inside an outer zero.Init (`_is_ds_init_called`): nothing added at 3815, everything else as dense ZeRO-3.
 ZERO3_OUTER = ZERO3 | {"init_context": InitContext.OUTER_ZERO3_INIT}
-# Not stock: dense ZeRO-3 where DeepSpeed keeps flat partitions: each rank reads its own from the files, and writes
-# its own into them when saving.
+# Not stock: dense ZeRO-3 where DeepSpeed keeps flat partitions: built on meta and partitioned before reading, each
+# rank reads its own from the files, and writes its own into them when saving.
 ZERO3_READS = ZERO3 | {
+    "init_context": InitContext.META,
     "loading_branch": LoadingBranch.ZERO3_READ_PARTITIONS,
     "saving_branch": SavingBranch.ZERO3_WRITE_PARTITIONS,
 }
