@@ -358,7 +358,7 @@ def _dense_zero3(inputs: LoadInputs) -> tuple[Zero3Init, str]:
         # The outer zero.Init may partition with a config the selector does not see: gather and copy
         return Zero3Init(under_outer_init=True), "an outer zero.Init is already active"
     if inputs.zero3_flat_partitions:
-        reason = "dense ZeRO-3 partitions parameters while the model is built; every rank reads its own partitions"
+        reason = "dense ZeRO-3 partitions the model on the meta device; every rank reads its own partitions"
         return Zero3Init(reads_partitions=True), reason
     return Zero3Init(), (
         "dense ZeRO-3 partitions parameters while the model is built; DeepSpeed keeps partitions in a layout "
