@@ -71,6 +71,8 @@ EXIT_ABORT = "terminate called without an active exception"
 
 def _run(command: list[str], worktree: Path, label: str, timeout: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(worktree / "src"), "OMP_NUM_THREADS": "1"}
+    # the worktree runs from source: let its bytecode be cached, or every rank of every launch compiles transformers
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         done = subprocess.run(command, cwd=worktree, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0 and EXIT_ABORT in done.stdout + done.stderr:  # once more, and said so

@@ -357,6 +357,16 @@ MUTATIONS = (
         'assertEqual\\(result\\[\\"built_whole\\"\\] == 0, result\\[\\"skips_broadcast\\"\\]\\)',
     ),
     Mutation(
+        "conversion-mapping-compiles-every-regex",
+        "a weight transform compiles its source regex when a load first uses it, not when the mapping is built",
+        Target.TREE,
+        "core_model_loading.py",
+        "        self._compiled_sources = None\n",
+        "        self._compiled_sources = re.compile(self._source_regex)\n",
+        in_tree("test_building_the_conversion_mapping_compiles_no_regex"),
+        "\\d+ != 0",
+    ),
+    Mutation(
         "meta-partitions-lose-parameter-identity",
         "a parameter partitioned before reading stays the object the model built (what holds it holds its partition)",
         Target.TREE,

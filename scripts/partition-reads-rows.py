@@ -1,0 +1,85 @@
+"""The partition-read rows of the real-width table on one tree, at the rank counts given, judged.
+
+For each shape and rank count: the in-flight read limit, then the loads that read partitions ("Zero3Init: partition
+reads", "EPMeta: partition reads", "EPMeta: token dispatch") launched in turn, `--repeats` rounds, each from a cold
+page cache and judged as `loadpolicy dev widths` judges its rows (every parameter against the stock one-process load's
+fingerprints, logits within their bound), then the limit again (the faster read counts). A row that fails its judge
+prints its error and counts for nothing; the exit status is 1 if any did.
+
+    PYTHONPATH=src OMP_NUM_THREADS=1 .tox/widths/bin/python scripts/partition-reads-rows.py \\
+        TREE STOCK_TREE build/widths/checkpoints --ranks 2 4 --shapes qwen3-30b-a3b deepseek-v2-lite
+
+Needs the checkpoints, fingerprints and logits of a `loadpolicy dev widths` run (`--checkpoints`), or builds them.
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_cold, reader_row
+from loadpolicy.widths.shapes import SHAPES_BY_NAME
+
+
+OUT = Path("/tmp/partition-reads-rows")
+
+
+def _limit(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path) -> Row:
+    results = read_cold(Reader.PREAD_IN_FLIGHT, checkpoint.path, ranks, tree, where, 600)
+    return reader_row(
+        checkpoint.shape.name, Reader.PREAD_IN_FLIGHT, ranks, checkpoint.total, checkpoint.tensors, results
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    cases = [case for case in LOADS if case.label in PARTITION_READS]
+    failed = 0
+    for name in args.shapes:
+        checkpoint = prepare_checkpoint(SHAPES_BY_NAME[name], args.checkpoints, args.stock, 40.0, 900)
+        for ranks in args.ranks:
+            where = OUT / name / str(ranks)
+            limit = _limit(checkpoint, ranks, args.tree, where / "limit")
+            rows: dict[str, list[Row]] = {case.label: [] for case in cases}
+            for repeat in range(args.repeats):
+                for case in cases:
+                    row = load_once(checkpoint, case, ranks, args.tree, where / f"{case.label}-{repeat}", 900)
+                    if row.error or row.seconds is None or row.peak_over_ideal is None:
+                        failed += 1
+                        print(f"{name} {ranks} {case.label} {repeat}: FAILED {row.error}", flush=True)
+                        continue
+                    rows[case.label].append(row)
+                    print(
+                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, peak {row.peak_gib:.2f} GiB "
+                        f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= "
+                        f"{row.logits_bound}",
+                        flush=True,
+                    )
+            limit = faster(limit, _limit(checkpoint, ranks, args.tree, where / "limit-again"))
+            if limit.error or not limit.seconds:
+                failed += 1
+                print(f"{name} {ranks} limit: FAILED {limit.error}", flush=True)
+                continue
+            for label, done in rows.items():
+                best = min((row.seconds or math.nan for row in done), default=math.nan)
+                peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
+                print(
+                    f"| {name} | {ranks} | {label} | {limit.seconds:.2f} | {best:.2f} ({best / limit.seconds:.2f}x) "
+                    f"| {peak:.3f} | {len(done)}/{args.repeats} |",
+                    flush=True,
+                )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tree", type=Path)
+    parser.add_argument("stock", type=Path)
+    parser.add_argument("checkpoints", type=Path)
+    parser.add_argument("--shapes", nargs="+", default=sorted(SHAPES_BY_NAME))
+    parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=2)
+    parsed = parser.parse_args()
+    for attr in ("tree", "stock", "checkpoints"):
+        setattr(parsed, attr, getattr(parsed, attr).resolve())
+    sys.exit(main(parsed))
