@@ -17,19 +17,12 @@ import math
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_cold, reader_row
+from loadpolicy.widths.cases import LOADS, PARTITION_READS
+from loadpolicy.widths.run import Row, faster, in_flight_limit, load_once, prepare_checkpoint
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
 OUT = Path("/tmp/partition-reads-rows")
-
-
-def _limit(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path) -> Row:
-    results = read_cold(Reader.PREAD_IN_FLIGHT, checkpoint.path, ranks, tree, where, 600)
-    return reader_row(
-        checkpoint.shape.name, Reader.PREAD_IN_FLIGHT, ranks, checkpoint.total, checkpoint.tensors, results
-    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -39,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
         checkpoint = prepare_checkpoint(SHAPES_BY_NAME[name], args.checkpoints, args.stock, 40.0, 900)
         for ranks in args.ranks:
             where = OUT / name / str(ranks)
-            limit = _limit(checkpoint, ranks, args.tree, where / "limit")
+            limit = in_flight_limit(checkpoint, ranks, args.tree, where / "limit")
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
             for repeat in range(args.repeats):
                 for case in cases:
@@ -55,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
                         f"{row.logits_bound}",
                         flush=True,
                     )
-            limit = faster(limit, _limit(checkpoint, ranks, args.tree, where / "limit-again"))
+            limit = faster(limit, in_flight_limit(checkpoint, ranks, args.tree, where / "limit-again"))
             if limit.error or not limit.seconds:
                 failed += 1
                 print(f"{name} {ranks} limit: FAILED {limit.error}", flush=True)

@@ -16,8 +16,8 @@ Needs the checkpoints, fingerprints and logits of a `loadpolicy dev widths` run 
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS, Reader
-from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_cold, reader_row
+from loadpolicy.widths.cases import LOADS
+from loadpolicy.widths.run import faster, in_flight_limit, load_once, prepare_checkpoint
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -25,18 +25,11 @@ CASE = next(case for case in LOADS if case.label == "Zero3Init: partition reads"
 OUT = Path("/tmp/zero3init-meta-ab")
 
 
-def _limit(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path) -> Row:
-    results = read_cold(Reader.PREAD_IN_FLIGHT, checkpoint.path, ranks, tree, where, 600)
-    return reader_row(
-        checkpoint.shape.name, Reader.PREAD_IN_FLIGHT, ranks, checkpoint.total, checkpoint.tensors, results
-    )
-
-
 def main(trees: dict[str, Path], stock: Path, checkpoints: Path, shapes: list[str], repeats: int = 2) -> int:
     ranks, failed = 2, 0
     for name in shapes:
         checkpoint = prepare_checkpoint(SHAPES_BY_NAME[name], checkpoints, stock, 40.0, 900)
-        limit = _limit(checkpoint, ranks, trees["after"], OUT / name / "limit")
+        limit = in_flight_limit(checkpoint, ranks, trees["after"], OUT / name / "limit")
         seconds: dict[str, list[float]] = {label: [] for label in trees}
         peaks: dict[str, list[float]] = {label: [] for label in trees}
         for repeat in range(repeats):
@@ -53,7 +46,7 @@ def main(trees: dict[str, Path], stock: Path, checkpoints: Path, shapes: list[st
                     f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= {row.logits_bound}",
                     flush=True,
                 )
-        limit = faster(limit, _limit(checkpoint, ranks, trees["after"], OUT / name / "limit-again"))
+        limit = faster(limit, in_flight_limit(checkpoint, ranks, trees["after"], OUT / name / "limit-again"))
         if limit.error or not limit.seconds:
             failed += 1
             print(f"{name} limit: FAILED {limit.error}", flush=True)

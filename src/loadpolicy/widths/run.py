@@ -185,6 +185,14 @@ class Checkpoint:
     logits: Path | None = None  # the stock one-process forwards' logits (`bench.logits`): every load's judged
 
 
+def in_flight_limit(checkpoint: Checkpoint, ranks: int, tree: Path, out: Path, timeout: float = 600) -> Row:
+    """The limit the partition reads are held to: each rank's share read cold, several reads in flight."""
+    results = read_cold(Reader.PREAD_IN_FLIGHT, checkpoint.path, ranks, tree, out, timeout)
+    return reader_row(
+        checkpoint.shape.name, Reader.PREAD_IN_FLIGHT, ranks, checkpoint.total, checkpoint.tensors, results
+    )
+
+
 def _recorded(tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]) -> list[Contract] | str:
     """The results an earlier launch left under `out`, read as a launch's (`--rejudge`): judged again, not run."""
     return read_results(Launched(tree, out, ranks, timeout, 0, 0.0, left_running=False), contract)
