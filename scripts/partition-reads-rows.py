@@ -1,10 +1,11 @@
 """The partition-read rows of the real-width table on one tree, at the rank counts given, judged.
 
-For each shape and rank count: the in-flight read limit, then the loads that read partitions ("Zero3Init: partition
-reads", "EPMeta: partition reads", "EPMeta: token dispatch") launched in turn, `--repeats` rounds, each from a cold
-page cache and judged as `loadpolicy dev widths` judges its rows (every parameter against the stock one-process load's
-fingerprints, logits within their bound), then the limit again (the faster read counts). A row that fails its judge
-prints its error and counts for nothing; the exit status is 1 if any did.
+For each shape and rank count: the in-flight read limit (into reused buffers, and into memory kept as a load keeps
+it), then the loads that read partitions ("Zero3Init: partition reads", "EPMeta: partition reads", "EPMeta: token
+dispatch") launched in turn, `--repeats` rounds, each from a cold page cache and judged as `loadpolicy dev widths`
+judges its rows (every parameter against the stock one-process load's fingerprints, logits within their bound), then
+both limits again (the faster read of each counts). A row that fails its judge prints its error and counts for
+nothing; the exit status is 1 if any did.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 .tox/widths/bin/python scripts/partition-reads-rows.py \\
         TREE STOCK_TREE build/widths/checkpoints --ranks 2 4 --shapes qwen3-30b-a3b deepseek-v2-lite
@@ -17,7 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS, PARTITION_READS
+from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.run import Row, faster, in_flight_limit, load_once, prepare_checkpoint
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
@@ -32,7 +33,8 @@ def main(args: argparse.Namespace) -> int:
         checkpoint = prepare_checkpoint(SHAPES_BY_NAME[name], args.checkpoints, args.stock, 40.0, 900)
         for ranks in args.ranks:
             where = OUT / name / str(ranks)
-            limit = in_flight_limit(checkpoint, ranks, args.tree, where / "limit")
+            kinds = (Reader.PREAD_IN_FLIGHT, Reader.PREAD_KEPT)
+            first = [in_flight_limit(checkpoint, ranks, args.tree, where / kind, reader=kind) for kind in kinds]
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
             for repeat in range(args.repeats):
                 for case in cases:
@@ -48,17 +50,23 @@ def main(args: argparse.Namespace) -> int:
                         f"{row.logits_bound}",
                         flush=True,
                     )
-            limit = faster(limit, in_flight_limit(checkpoint, ranks, args.tree, where / "limit-again"))
-            if limit.error or not limit.seconds:
+            # after the loads in the reverse order, so that both limits sit alike around them; the faster counts
+            again = [
+                in_flight_limit(checkpoint, ranks, args.tree, where / f"{kind}-again", reader=kind)
+                for kind in reversed(kinds)
+            ][::-1]
+            limit, kept = (faster(before, after) for before, after in zip(first, again, strict=True))
+            if limit.error or not limit.seconds or kept.error or not kept.seconds:
                 failed += 1
-                print(f"{name} {ranks} limit: FAILED {limit.error}", flush=True)
+                print(f"{name} {ranks} limits: FAILED {limit.error or kept.error}", flush=True)
                 continue
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)
                 peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
                 print(
-                    f"| {name} | {ranks} | {label} | {limit.seconds:.2f} | {best:.2f} ({best / limit.seconds:.2f}x) "
-                    f"| {peak:.3f} | {len(done)}/{args.repeats} |",
+                    f"| {name} | {ranks} | {label} | {limit.seconds:.2f} | {kept.seconds:.2f} | {best:.2f} "
+                    f"({best / limit.seconds:.2f}x / {best / kept.seconds:.2f}x) | {peak:.3f} "
+                    f"| {len(done)}/{args.repeats} |",
                     flush=True,
                 )
     return 1 if failed else 0

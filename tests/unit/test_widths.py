@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import mmap
 import struct
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,17 @@ from loadpolicy.bench.contract import LoadMeasurement
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement
 from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
-from loadpolicy.widths.run import LIMIT, LIMIT_IN_FLIGHT, PEER, Row, goals, load_row, reader_row, render_markdown
+from loadpolicy.widths.run import (
+    LIMIT,
+    LIMIT_IN_FLIGHT,
+    LIMIT_KEPT,
+    PEER,
+    Row,
+    goals,
+    load_row,
+    reader_row,
+    render_markdown,
+)
 from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
 
 
@@ -102,8 +113,8 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
     peer = Row("s", 2, PEER, 1.0, seconds=6.0)
     met = goals([limit, load, peer])
     assert met == [
-        "- s x2, EPMeta: partition reads: 1.20x the limit (met); -x the limit with 4 in flight; peak 1.000x ideal "
-        "(met); 2.00x faster than DCP; -x faster than stock zero.Init"
+        "- s x2, EPMeta: partition reads: 1.20x the limit (met); -x the limit with 4 in flight; -x the limit into "
+        "memory kept; peak 1.000x ideal (met); 2.00x faster than DCP; -x faster than stock zero.Init"
     ]
     missing = goals([load, Row("s", 2, "Zero3Init: partition reads", 1.0, seconds=3.0)])
     assert missing[0].startswith("- s x2, EPMeta: partition reads: -x the limit (missed); -x the limit with 4")
@@ -111,7 +122,10 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
     assert "FAILED: boom" in render_markdown([Row("s", 2, PEER, 1.0, error="boom")], "cmd")
     in_flight = Row("s", 2, LIMIT_IN_FLIGHT, 1.0, seconds=1.5)
     assert "; 2.00x the limit with 4 in flight;" in goals([limit, in_flight, load, peer])[0]
-    assert "| 1.20 | 2.00 |" in render_markdown([limit, in_flight, load])
+    assert "| 1.20 | 2.00 | - |" in render_markdown([limit, in_flight, load])
+    kept = Row("s", 2, LIMIT_KEPT, 1.0, seconds=2.0)
+    assert "; 1.50x the limit into memory kept;" in goals([limit, kept, load])[0]
+    assert "| 1.20 | - | 1.50 |" in render_markdown([limit, kept, load])
 
 
 def test_the_limit_in_flight_reads_a_share_of_many_chunks_and_names_a_short_file(tmp_path: Path) -> None:
@@ -122,6 +136,12 @@ def test_the_limit_in_flight_reads_a_share_of_many_chunks_and_names_a_short_file
     ranges = [(path, 3, 700_001), (path, 700_001, 1 << 20)]
     with mock.patch.object(worker, "CHUNK", 4096):
         assert worker._pread_in_flight(ranges) == (1 << 20) - 3
+        kept: list[mmap.mmap] = []
+        assert worker._pread_in_flight(ranges, kept) == (1 << 20) - 3
+        # each chunk in its own mapping (in the order the threads took them), holding the file's bytes
+        data = path.read_bytes()
+        chunks = [data[at : min(at + 4096, end)] for _, start, end in ranges for at in range(start, end, 4096)]
+        assert sorted(bytes(mapping) for mapping in kept) == sorted(chunks)
         with pytest.raises(OSError, match=r"model.safetensors: nothing read at byte 1048576 of \[1048000, 1048577\)"):
             worker._pread_in_flight([(path, 1_048_000, (1 << 20) + 1)])
 
@@ -172,6 +192,8 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
     spans = read_spans(tmp_path)
     assert worker._pread(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
     assert worker._pread_in_flight(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
+    assert worker._pread_kept(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
+    worker._KEPT.clear()
     store = torch.distributed.HashStore()
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

@@ -18,6 +18,9 @@ class Reader(enum.StrEnum):
     PREAD = "pread"
     # the same share, several reads in flight as the patched partition reads keep them: this disk's limit for them
     PREAD_IN_FLIGHT = "pread-in-flight"
+    # the same, each chunk read into memory allocated for it and kept until the end, as a load keeps what it reads:
+    # the limit for a reader that owns its bytes (here faulting in fresh pages can cost as much as the reads)
+    PREAD_KEPT = "pread-kept"
     # torch DCP's HuggingFaceStorageReader into row-sharded DTensors: the peer
     DCP = "dcp"
 

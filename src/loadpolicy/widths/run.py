@@ -43,9 +43,15 @@ from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
 
 LIMIT = "limit: pread of each rank's share"
 LIMIT_IN_FLIGHT = "limit: pread of each rank's share, 4 in flight"
+LIMIT_KEPT = "limit: pread of each rank's share, 4 in flight, into memory it keeps"
 PEER = "DCP HuggingFaceStorageReader (peer)"
-WAY_OF_READER = {Reader.PREAD: LIMIT, Reader.PREAD_IN_FLIGHT: LIMIT_IN_FLIGHT, Reader.DCP: PEER}
-LIMITS = (LIMIT, LIMIT_IN_FLIGHT)
+WAY_OF_READER = {
+    Reader.PREAD: LIMIT,
+    Reader.PREAD_IN_FLIGHT: LIMIT_IN_FLIGHT,
+    Reader.PREAD_KEPT: LIMIT_KEPT,
+    Reader.DCP: PEER,
+}
+LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 # the size guard: a checkpoint larger than this (GiB) is refused
 MAX_GIB = 8.0
 
@@ -185,12 +191,18 @@ class Checkpoint:
     logits: Path | None = None  # the stock one-process forwards' logits (`bench.logits`): every load's judged
 
 
-def in_flight_limit(checkpoint: Checkpoint, ranks: int, tree: Path, out: Path, timeout: float = 600) -> Row:
-    """The limit the partition reads are held to: each rank's share read cold, several reads in flight."""
-    results = read_cold(Reader.PREAD_IN_FLIGHT, checkpoint.path, ranks, tree, out, timeout)
-    return reader_row(
-        checkpoint.shape.name, Reader.PREAD_IN_FLIGHT, ranks, checkpoint.total, checkpoint.tensors, results
-    )
+def in_flight_limit(
+    checkpoint: Checkpoint,
+    ranks: int,
+    tree: Path,
+    out: Path,
+    timeout: float = 600,
+    reader: Reader = Reader.PREAD_IN_FLIGHT,
+) -> Row:
+    """The limit the partition reads are held to: each rank's share read cold, several reads in flight (into reused
+    buffers, or with `Reader.PREAD_KEPT` into memory kept as a load keeps it)."""
+    results = read_cold(reader, checkpoint.path, ranks, tree, out, timeout)
+    return reader_row(checkpoint.shape.name, reader, ranks, checkpoint.total, checkpoint.tensors, results)
 
 
 def _recorded(tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]) -> list[Contract] | str:
@@ -213,7 +225,8 @@ def _read_every_way(
         )
         return reader_row(name, kind, count, total, checkpoint.tensors, results)
 
-    first_limits = [reader(kind, out / str(kind)) for kind in (Reader.PREAD, Reader.PREAD_IN_FLIGHT)]
+    limits = (Reader.PREAD, Reader.PREAD_IN_FLIGHT, Reader.PREAD_KEPT)
+    first_limits = [reader(kind, out / str(kind)) for kind in limits]
     rows: list[Row] = []
     model_type = checkpoint.shape.architecture.transformers_config().model_type
     for case in (case for case in LOADS if not case.autoep or has_autoep_preset(model_type)):
@@ -227,8 +240,7 @@ def _read_every_way(
     rows.append(reader(Reader.DCP, out / "dcp"))
     # this disk's read speed drifts within a run: a limit is read before and after the other ways (after them in the
     # reverse order, so that both limits sit alike around the loads), the faster counts
-    in_flight_again = reader(Reader.PREAD_IN_FLIGHT, out / f"{Reader.PREAD_IN_FLIGHT}-again")
-    again = [reader(Reader.PREAD, out / f"{Reader.PREAD}-again"), in_flight_again]
+    again = [reader(kind, out / f"{kind}-again") for kind in reversed(limits)][::-1]
     return [*(faster(first, second) for first, second in zip(first_limits, again, strict=True)), *rows]
 
 
@@ -311,28 +323,32 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
             "(loads: `from_pretrained` and a first touch of every tensor, which reads what a load left mapped); "
             "x limit: over the slowest rank's plain `preadv` of exactly its share (its ZeRO-3 partition of every "
             "tensor), one read at a time; x in flight: over the same share read in 16 MiB chunks, 4 `preadv` in "
-            "flight (as the partition reads keep them). Peak: the rank whose peak RSS is the largest multiple of T/W "
-            "(the checkpoint's bytes over the ranks) plus its RSS before reading. Values: "
+            "flight (as the partition reads keep them); x kept: over that read into fresh memory, kept (as a load "
+            "keeps what it reads: the pages it faults in are part of any load's cost). Peak: the rank whose peak RSS "
+            "is the largest multiple of T/W (the checkpoint's bytes over the ranks) plus its RSS before reading. "
+            "Values: "
             "loads compare every parameter with the stock one-process load's fingerprints, and their logits on a "
             "fixed prompt (after `deepspeed.initialize`) with the stock one-process forwards': root mean square from "
             "the float32 forward's <= 2x the bf16 one's, and (not judged) the largest difference from the bf16 one; "
             "DCP compares each block with the file's bytes.",
             "",
-            "| shape | ranks | way | time s | x limit | x in flight | peak GiB | T/W + base GiB | peak / ideal "
-            "| read/rank GiB | values |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| shape | ranks | way | time s | x limit | x in flight | x kept | peak GiB | T/W + base GiB "
+            "| peak / ideal | read/rank GiB | values |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
     by_key = {(r.shape, r.ranks, r.way): r for r in rows}
     for r in rows:
         if r.error:
-            lines.append(f"| {r.shape} | {r.ranks} | {r.way} | - | - | - | - | - | - | - | FAILED: {r.error[:300]} |")
+            lines.append(
+                f"| {r.shape} | {r.ranks} | {r.way} | - | - | - | - | - | - | - | - | FAILED: {r.error[:300]} |"
+            )
             continue
-        over, over_in_flight = (_over(r, by_key.get((r.shape, r.ranks, limit))) for limit in LIMITS)
+        over, over_in_flight, over_kept = (_over(r, by_key.get((r.shape, r.ranks, limit))) for limit in LIMITS)
         values = "bytes only" if r.way in LIMITS else f"equal ({r.checked}){_logits(r)}"
         lines.append(
             f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.seconds)} | {_figure(over)} | {_figure(over_in_flight)} "
-            f"| {_figure(r.peak_gib)} | {_figure(r.ideal_gib)} | {_figure(r.peak_over_ideal, 3)} "
-            f"| {_figure(r.read_rank_gib)} | {values} |"
+            f"| {_figure(over_kept)} | {_figure(r.peak_gib)} | {_figure(r.ideal_gib)} "
+            f"| {_figure(r.peak_over_ideal, 3)} | {_figure(r.read_rank_gib)} | {values} |"
         )
     if header:
         lines += [*_until_trainable_table(rows), "", *goals(rows)]
@@ -383,6 +399,7 @@ def goals(rows: list[Row]) -> list[str]:
         verdicts = [
             f"{_figure(over)}x the limit ({'met' if over <= 1.5 else 'missed'})",
             f"{_figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_IN_FLIGHT))))}x the limit with 4 in flight",
+            f"{_figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_KEPT))))}x the limit into memory kept",
             f"peak {_figure(r.peak_over_ideal, 3)}x ideal ({'met' if _le(r.peak_over_ideal, 1.05) else 'missed'})",
             f"{_figure(_over(peer, r))}x faster than DCP",
             f"{_figure(_over(stock, r))}x faster than stock zero.Init",

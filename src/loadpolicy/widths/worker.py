@@ -3,14 +3,17 @@
 `pread` reads exactly this rank's share (its ZeRO-3 partition of every tensor, `ranges.share`) with plain `preadv`
 into one reused buffer: the cold-read limit a partition load is measured against. `pread-in-flight` reads the same
 share in chunks, several `preadv` in flight, as the patched partition reads do: the limit of this disk for a reader
-that keeps that many requests in flight. `dcp` is the peer: torch DCP's
-`HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows over the world,
-its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json (`contract.ReaderMeasurement`).
+that keeps that many requests in flight. `pread-kept` reads them so into fresh anonymous memory, one mapping per
+chunk, all kept until the share is read: what any load pays at least, the disk and the pages it fills. `dcp` is the
+peer: torch DCP's `HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows
+over the world, its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json
+(`contract.ReaderMeasurement`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import mmap
 import os
 import threading
 import time
@@ -52,16 +55,22 @@ def _pread(ranges: list[tuple[Path, int, int]]) -> int:
             os.close(fd)
 
 
-def _pread_in_flight(ranges: list[tuple[Path, int, int]]) -> int:
-    """The same ranges in `CHUNK` pieces, `IN_FLIGHT` at a time, each thread through its own reused buffer."""
+def _pread_in_flight(ranges: list[tuple[Path, int, int]], kept: list[mmap.mmap] | None = None) -> int:
+    """The same ranges in `CHUNK` pieces, `IN_FLIGHT` at a time, each thread through its own reused buffer, or
+    (`kept` given) each chunk into a fresh anonymous mapping of its size, appended to `kept` for the caller to free
+    after its clock stops (a load frees nothing)."""
     chunks = [(file, at, min(at + CHUNK, end)) for file, start, end in ranges for at in range(start, end, CHUNK)]
     fds = {file: os.open(file, os.O_RDONLY) for file in dict.fromkeys(file for file, _, _ in ranges)}
     buffers = threading.local()
 
     def read(chunk: tuple[Path, int, int]) -> int:
+        file, start, end = chunk
+        if kept is not None:
+            mapping = mmap.mmap(-1, end - start)
+            kept.append(mapping)
+            return _read_range(fds[file], memoryview(mapping), file, start, end)
         if not hasattr(buffers, "view"):
             buffers.view = memoryview(bytearray(CHUNK))
-        file, start, end = chunk
         return _read_range(fds[file], buffers.view, file, start, end)
 
     try:
@@ -70,6 +79,14 @@ def _pread_in_flight(ranges: list[tuple[Path, int, int]]) -> int:
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+# what `pread-kept` read, held until its rank's clock stopped
+_KEPT: list[mmap.mmap] = []
+
+
+def _pread_kept(ranges: list[tuple[Path, int, int]]) -> int:
+    return _pread_in_flight(ranges, _KEPT)
 
 
 def _row_sharded_state(spans: list[TensorSpan], world: int) -> tuple[dict[str, Any], Any]:
@@ -123,7 +140,7 @@ def _read(file: Path, start: int, size: int) -> bytes:
     return data
 
 
-_PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight}
+_PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight, "pread-kept": _pread_kept}
 
 
 def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
@@ -156,6 +173,9 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     seconds = time.perf_counter() - start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
+    for mapping in _KEPT:
+        mapping.close()
+    _KEPT.clear()
     this.stage("compare")
     checked, problems = _compare_with_file(state, spans) if state else (0, [])
     torch.distributed.barrier()
