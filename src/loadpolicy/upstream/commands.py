@@ -15,6 +15,7 @@ from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.stack import check_prefixes, run_series_tests
+from loadpolicy.upstream.stack_record import require_current_record, write_record
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,21 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     stack.add_argument("tree", type=Path, help="a checkout with the whole series applied (`loadpolicy checkout`)")
     stack.add_argument(
         "--timeout", type=positive_seconds, default=1200.0, help="bound on each prefix's tests, in seconds"
+    )
+    stack.add_argument(
+        "--standalone-tests-only",
+        action="store_true",
+        help="run only the tests of the PRs checked alone (every prefix still imports); CI's part of the check",
+    )
+    record = stack.add_mutually_exclusive_group()
+    record.add_argument(
+        "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
+    )
+    record.add_argument(
+        "--require-record",
+        type=Path,
+        metavar="FILE",
+        help="first fail unless FILE records a full check of exactly these patches (`tox -e stack` writes it)",
     )
     _common(stack)
     stack.set_defaults(handler=_stack)
@@ -102,9 +118,16 @@ def _export(args: argparse.Namespace) -> str:
 
 
 def _stack(args: argparse.Namespace) -> str:
-    pin = read_pin(args.patches / "UPSTREAM")
-    results = check_prefixes(args.tree.resolve(), read_series(args.patches), pristine_tag(pin), args.timeout)
-    return "\n".join(r.describe() for r in results)
+    if args.write_record is not None and args.standalone_tests_only:
+        raise UpstreamError("--write-record records the full check: leave out --standalone-tests-only")
+    pin, series = read_pin(args.patches / "UPSTREAM"), read_series(args.patches)
+    recorded = [] if args.require_record is None else [require_current_record(args.require_record, series)]
+    results = check_prefixes(args.tree.resolve(), series, pristine_tag(pin), args.timeout, args.standalone_tests_only)
+    lines = [r.describe() for r in results]
+    if args.write_record is not None:
+        write_record(args.write_record, series, lines)
+        recorded.append(f"wrote {args.write_record}")
+    return "\n".join([*lines, *(f"record: {line}" for line in recorded)])
 
 
 def _sizes(args: argparse.Namespace) -> str:

@@ -29,6 +29,7 @@ class PrefixResult:
     tests: tuple[str, ...]
     seconds: float
     alone: bool  # checked on the pristine sources with its own patches only
+    tests_ran: bool = True  # False: its tests left to the full check
 
     def describe(self) -> str:
         where = (
@@ -36,7 +37,10 @@ class PrefixResult:
             if self.alone
             else (f"patches 1-{self.patches}")
         )
-        return f"{self.label}: {where} apply and import; its {len(self.tests)} test(s) pass ({self.seconds:.0f}s)"
+        tests = (
+            f"its {len(self.tests)} test(s) pass" if self.tests_ran else f"its {len(self.tests)} test(s) not run here"
+        )
+        return f"{self.label}: {where} apply and import; {tests} ({self.seconds:.0f}s)"
 
 
 def node_ids_in_source(source: str, path: str) -> set[str]:
@@ -110,8 +114,14 @@ def _worktree(tree: Path, base: str, commits: list[str], first: int, end: int, a
     return worktree
 
 
-def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.0) -> list[PrefixResult]:
-    """For each PR: a worktree at its last patch (or its patches alone on `base`); it imports, and its tests pass."""
+def check_prefixes(
+    tree: Path, series: Series, base: str, timeout: float = 1200.0, standalone_tests_only: bool = False
+) -> list[PrefixResult]:
+    """For each PR: a worktree at its last patch (or its patches alone on `base`); it imports, and its tests pass.
+
+    `standalone_tests_only`: run the tests of the PRs checked alone on `base` only; the others' prefixes are imported,
+    their tests left to the full check (`tox -e stack`) and to the run of every test on the whole series.
+    """
     commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
     if len(commits) != len(series.names):
         raise UpstreamError(f"{tree} has {len(commits)} commits on {base}, the series {len(series.names)} patches")
@@ -124,13 +134,14 @@ def check_prefixes(tree: Path, series: Series, base: str, timeout: float = 1200.
         try:
             modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
             _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
-            if added:
+            if added and (alone or not standalone_tests_only):
                 summary = _pytest(worktree, added, label, timeout)
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
                     raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
-        results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone))
+        ran = alone or not standalone_tests_only
+        results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone, ran))
         first = end + 1
     return results
 
