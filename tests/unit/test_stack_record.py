@@ -37,7 +37,7 @@ def test_a_record_written_for_the_series_is_current(series_dir: Path) -> None:
     assert "PR 1: ... its 3 test(s) pass (20s)" in record.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("change", ["a patch's body", "the order", "a patch added"])
+@pytest.mark.parametrize("change", ["a patch's body", "the order", "a patch added", "the pin", "a nested series"])
 def test_any_change_to_the_patches_makes_the_record_stale(series_dir: Path, change: str) -> None:
     record = series_dir / "STACK"
     write_record(record, read_series(series_dir), [])
@@ -48,6 +48,11 @@ def test_any_change_to_the_patches_makes_the_record_stale(series_dir: Path, chan
         path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
     elif change == "the order":
         (series_dir / "series").write_text("# PR 1: one\n" + "\n".join(reversed(names)) + "\n", encoding="utf-8")
+    elif change == "the pin":
+        (series_dir / "UPSTREAM").write_text("transformers 5.24.0\n", encoding="utf-8")
+    elif change == "a nested series":
+        (series_dir / "deepspeed").mkdir()
+        (series_dir / "deepspeed" / "0001-a.patch").write_text("From 1\n", encoding="utf-8")
     else:
         third = read_series(PATCHES).names[2]
         shutil.copy(PATCHES / third, series_dir / third)
@@ -56,6 +61,12 @@ def test_any_change_to_the_patches_makes_the_record_stale(series_dir: Path, chan
         require_current_record(record, read_series(series_dir))
     assert before in str(error.value)
     assert series_digest(read_series(series_dir)) in str(error.value)
+
+
+def test_other_files_beside_the_series_leave_the_record_current(series_dir: Path) -> None:
+    write_record(series_dir / "STACK", read_series(series_dir), [])
+    (series_dir / "0001-a.patch.orig").write_text("an editor's backup", encoding="utf-8")
+    require_current_record(series_dir / "STACK", read_series(series_dir))
 
 
 def test_no_record_says_which_command_writes_it(series_dir: Path) -> None:

@@ -2,8 +2,9 @@
 
 Running every PR's tests on its own prefix takes about 20 minutes here, longer than CI can give it beside the rest,
 so CI runs the cheap part (every prefix imports; the standalone PRs' tests alone on the pristine sources) and checks
-that the full check ran on exactly these patches: `tox -e stack` writes the record, naming the series by a digest of
-`series` and every patch it lists; a patch changed since then makes the record stale, and CI says so.
+that the full check ran on exactly these patches: `tox -e stack` writes the record, naming what it checked by a
+digest of the series under patches/ (each `series`, pin and patch, the DeepSpeed and PEFT series too); any change
+since makes the record stale, and CI says so.
 """
 
 from __future__ import annotations
@@ -19,11 +20,18 @@ from loadpolicy.upstream.series import Series
 _DIGEST_LINE = "series sha256 "
 
 
+# the files a series directory is made of; anything else there (an editor's backup) does not change what was checked
+_SERIES_FILES = ("series", "UPSTREAM", "*.patch")
+
+
 def series_digest(series: Series) -> str:
-    """sha256 over the `series` file and every patch it lists, in order: what the record names."""
-    digest = hashlib.sha256((series.directory / "series").read_bytes())
-    for path in series.paths:
-        digest.update(path.name.encode())
+    """sha256 over the series' directory and those beneath it (the DeepSpeed and PEFT series, whose patched packages
+    the PRs' tests run against): each one's `series`, pin and patches, by relative path."""
+    directory = series.directory
+    files = {path for pattern in _SERIES_FILES for path in directory.rglob(pattern) if path.is_file()}
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
