@@ -15,6 +15,7 @@ Needs the checkpoints, fingerprints and logits of a `loadpolicy dev widths` run 
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -45,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
                         continue
                     rows[case.label].append(row)
                     print(
-                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, peak {row.peak_gib:.2f} GiB "
+                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, CPU {row.cpu_seconds or 0:.2f} s "
+                        f"(all ranks; {os.cpu_count()} cores), peak {row.peak_gib:.2f} GiB "
                         f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= "
                         f"{row.logits_bound}",
                         flush=True,

@@ -37,6 +37,7 @@ def measurement(rank: int, *, seconds: float, touch: float, initialize: float | 
         "unpartitioned": 0,
         "seconds": seconds,
         "touch_seconds": touch,
+        "cpu_seconds": 1.0,
         "initialize_seconds": initialize,
         "held_file": 0,
         "read_bytes": GIB,

@@ -282,6 +282,7 @@ def _load(rank: int, deviation: float | None, logits_problems: list[str] | None 
         "unpartitioned": 0,
         "seconds": 1.0,
         "touch_seconds": 0.0,
+        "cpu_seconds": 1.0,
         "initialize_seconds": None,
         "initialize_peak_total": None,
         "fingerprinted": 3,
@@ -301,6 +302,7 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     row = load_row("s", epmeta, 2, 100, [_load(0, 0.0), _load(1, 0.125)], tree=Path("/t"), parameters=3)
     assert row.error is None
     assert (row.logits_error, row.logits_bound, row.logits_from_one_process) == (0.125, 0.25, 0.5)
+    assert row.cpu_seconds == 2.0  # every rank's CPU together
     assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000; half the experts: 2.0000) |" in render_markdown(
         [row]
     )

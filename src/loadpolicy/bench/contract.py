@@ -30,6 +30,9 @@ class LoadMeasurement(LogitsFigures):
     unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
     seconds: float
     touch_seconds: float  # touching every loaded tensor once afterwards: the reads a memory-mapped load deferred
+    # user + system CPU of this rank's process (all its threads) during `from_pretrained`: over the ranks, against
+    # the cores times the seconds, whether a load was bound by this machine's cores
+    cpu_seconds: float
     # `deepspeed.initialize(model)` after touching, ZeRO-3 launches only (None otherwise): what is left to do before
     # training, e.g. partitioning (and broadcasting) a model loaded whole
     initialize_seconds: float | None

@@ -79,6 +79,7 @@ class Row:
     # largest per-rank peak RSS over all three
     trainable_seconds: float | None = None
     trainable_peak_gib: float | None = None
+    cpu_seconds: float | None = None  # loads: CPU of every rank's `from_pretrained` together (user + system)
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -112,6 +113,7 @@ def load_row(
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["fingerprinted"] for r in results),
+        cpu_seconds=sum(r["cpu_seconds"] for r in results),
         logits_error=_largest([r["logits_error"] for r in results]),
         logits_bound=_largest([r["logits_bound"] for r in results]),
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
