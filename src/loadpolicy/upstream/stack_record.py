@@ -1,6 +1,6 @@
 """The record of the last full stack check, and whether it still describes the series.
 
-Running every PR's tests on its own prefix takes about 20 minutes here, longer than CI can give it beside the rest,
+Running every PR's tests on its own prefix takes 15-20 minutes here, longer than CI can give it beside the rest,
 so CI runs the cheap part (every prefix imports; the standalone PRs' tests alone on the pristine sources) and checks
 that the full check ran on exactly these patches: `tox -e stack` writes the record, naming what it checked by a
 digest of the series under patches/ (each `series`, pin and patch, the DeepSpeed and PEFT series too); any change
