@@ -17,6 +17,7 @@ from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_sdist, unpack
 from loadpolicy.upstream.pin import Pin, UpstreamError, read_pin
 from loadpolicy.upstream.series import export_series, read_series
+from loadpolicy.upstream.stack_record import require_tree_is_series
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,19 @@ def test_reexporting_an_unchanged_branch_is_byte_identical(patched: Path, pin: P
     assert comparison.right_only == []
     _, mismatch, errors = filecmp.cmpfiles(out, PATCHES, [*names, "series"], shallow=False)
     assert mismatch == errors == []
+
+
+def test_a_stack_record_names_only_a_tree_whose_commits_are_the_series(
+    patched: Path, pin: Pin, tmp_path: Path
+) -> None:
+    require_tree_is_series(patched, pristine_tag(pin), read_series(PATCHES))
+    # the same series with one patch changed by a byte: the tree's commits are no longer it
+    other = tmp_path / "patches"
+    shutil.copytree(PATCHES, other)
+    first = other / read_series(other).names[0]
+    first.write_bytes(first.read_bytes().replace(b"\n---\n", b"\n---\n ", 1))
+    with pytest.raises(UpstreamError, match=rf"commits are not the series in .* \(differ: \['{first.name}'\]\)"):
+        require_tree_is_series(patched, pristine_tag(pin), read_series(other))
 
 
 def test_sha256_mismatch_refuses_to_unpack(pin: Pin, tmp_path: Path) -> None:

@@ -15,7 +15,12 @@ from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.stack import check_prefixes, run_series_tests
-from loadpolicy.upstream.stack_record import require_current_record, write_record
+from loadpolicy.upstream.stack_record import (
+    require_current_record,
+    require_tree_is_series,
+    series_digest,
+    write_record,
+)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +44,12 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     lint = series.add_parser("lint", help="listing, headers, and (with --apply) a clean apply to the pinned tree")
     lint.add_argument("--apply", action="store_true", help="also apply the series to a fresh pristine checkout")
+    lint.add_argument(
+        "--require-stack-record",
+        type=Path,
+        metavar="FILE",
+        help="also fail unless FILE records the full stack check of exactly this series (`tox -e stack` writes it)",
+    )
     _common(lint)
     lint.set_defaults(handler=_lint)
 
@@ -57,15 +68,8 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         action="store_true",
         help="run only the tests of the PRs checked alone (every prefix still imports); CI's part of the check",
     )
-    record = stack.add_mutually_exclusive_group()
-    record.add_argument(
+    stack.add_argument(
         "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
-    )
-    record.add_argument(
-        "--require-record",
-        type=Path,
-        metavar="FILE",
-        help="first fail unless FILE records a full check of exactly these patches (`tox -e stack` writes it)",
     )
     _common(stack)
     stack.set_defaults(handler=_stack)
@@ -103,12 +107,16 @@ def _checkout(args: argparse.Namespace) -> str:
 def _lint(args: argparse.Namespace) -> str:
     series = read_series(args.patches)
     require_clean(lint_series(series))
+    said = [f"{len(series.names)} patches: listed once each, headers present"]
+    if args.require_stack_record is not None:
+        said.append(
+            f"the full stack check is recorded for them ({require_current_record(args.require_stack_record, series)})"
+        )
     if args.apply:
         with tempfile.TemporaryDirectory() as tmp:
             checkout(Path(tmp) / "tree", args.patches, args.cache)
-    return f"{len(series.names)} patches: listed once each, headers present" + (
-        ", apply cleanly" if args.apply else ""
-    )
+        said.append("apply cleanly")
+    return "; ".join(said)
 
 
 def _export(args: argparse.Namespace) -> str:
@@ -120,14 +128,16 @@ def _export(args: argparse.Namespace) -> str:
 def _stack(args: argparse.Namespace) -> str:
     if args.write_record is not None and args.standalone_tests_only:
         raise UpstreamError("--write-record records the full check: leave out --standalone-tests-only")
-    pin, series = read_pin(args.patches / "UPSTREAM"), read_series(args.patches)
-    recorded = [] if args.require_record is None else [require_current_record(args.require_record, series)]
-    results = check_prefixes(args.tree.resolve(), series, pristine_tag(pin), args.timeout, args.standalone_tests_only)
-    lines = [r.describe() for r in results]
+    pin, series, tree = read_pin(args.patches / "UPSTREAM"), read_series(args.patches), args.tree.resolve()
+    digest = series_digest(series)
     if args.write_record is not None:
-        write_record(args.write_record, series, lines)
-        recorded.append(f"wrote {args.write_record}")
-    return "\n".join([*lines, *(f"record: {line}" for line in recorded)])
+        require_tree_is_series(tree, pristine_tag(pin), series)
+    results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, args.standalone_tests_only)
+    lines = [r.describe() for r in results]
+    if args.write_record is None:
+        return "\n".join(lines)
+    write_record(args.write_record, series, digest, lines)
+    return "\n".join([*lines, f"wrote {args.write_record} (series sha256 {digest})"])
 
 
 def _sizes(args: argparse.Namespace) -> str:
