@@ -27,6 +27,10 @@ from loadpolicy.widths.shapes import SHAPES_BY_NAME
 OUT = Path("/tmp/partition-reads-rows")
 
 
+def _figure(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
 def main(args: argparse.Namespace) -> int:
     cases = [case for case in LOADS if case.label in PARTITION_READS]
     failed = 0
@@ -46,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
                         continue
                     rows[case.label].append(row)
                     print(
-                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, CPU {row.cpu_seconds or 0:.2f} s "
+                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, CPU {_figure(row.cpu_seconds)} s "
                         f"(all ranks; {os.cpu_count()} cores), peak {row.peak_gib:.2f} GiB "
                         f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= "
                         f"{row.logits_bound}",
@@ -57,18 +61,19 @@ def main(args: argparse.Namespace) -> int:
                 in_flight_limit(checkpoint, ranks, args.tree, where / f"{kind}-again", reader=kind)
                 for kind in reversed(kinds)
             ][::-1]
-            limit, kept = (faster(before, after) for before, after in zip(first, again, strict=True))
-            if limit.error or not limit.seconds or kept.error or not kept.seconds:
-                failed += 1
-                print(f"{name} {ranks} limits: FAILED {limit.error or kept.error}", flush=True)
-                continue
+            limits = [faster(before, after) for before, after in zip(first, again, strict=True)]
+            for limit in limits:
+                if limit.error or not limit.seconds:
+                    failed += 1
+                    print(f"{name} {ranks} {limit.way}: FAILED {limit.error}", flush=True)
+            limit, kept = (row.seconds if not row.error else None for row in limits)
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)
                 peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
                 print(
-                    f"| {name} | {ranks} | {label} | {limit.seconds:.2f} | {kept.seconds:.2f} | {best:.2f} "
-                    f"({best / limit.seconds:.2f}x / {best / kept.seconds:.2f}x) | {peak:.3f} "
-                    f"| {len(done)}/{args.repeats} |",
+                    f"| {name} | {ranks} | {label} | {_figure(limit)} | {_figure(kept)} | {best:.2f} "
+                    f"({_figure(best / limit if limit else None)}x / {_figure(best / kept if kept else None)}x) "
+                    f"| {peak:.3f} | {len(done)}/{args.repeats} |",
                     flush=True,
                 )
     return 1 if failed else 0

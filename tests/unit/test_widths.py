@@ -303,6 +303,9 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     assert row.error is None
     assert (row.logits_error, row.logits_bound, row.logits_from_one_process) == (0.125, 0.25, 0.5)
     assert row.cpu_seconds == 2.0  # every rank's CPU together
+    older = _load(1, 0.125)
+    del older["cpu_seconds"]  # a result written before ranks measured it: rejudged, not failed
+    assert load_row("s", epmeta, 2, 100, [_load(0, 0.0), older], tree=Path("/t"), parameters=3).cpu_seconds is None
     assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000; half the experts: 2.0000) |" in render_markdown(
         [row]
     )

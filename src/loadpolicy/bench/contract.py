@@ -3,7 +3,7 @@
 Read back with `parity.contract.parse`: a result lacking a field is a failure naming it, never a zero.
 """
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class LogitsFigures(TypedDict):
@@ -31,8 +31,8 @@ class LoadMeasurement(LogitsFigures):
     seconds: float
     touch_seconds: float  # touching every loaded tensor once afterwards: the reads a memory-mapped load deferred
     # user + system CPU of this rank's process (all its threads) during `from_pretrained`: over the ranks, against
-    # the cores times the seconds, whether a load was bound by this machine's cores
-    cpu_seconds: float
+    # the cores times the seconds, whether a load was bound by this machine's cores (absent from older runs' results)
+    cpu_seconds: NotRequired[float]
     # `deepspeed.initialize(model)` after touching, ZeRO-3 launches only (None otherwise): what is left to do before
     # training, e.g. partitioning (and broadcasting) a model loaded whole
     initialize_seconds: float | None

@@ -113,7 +113,7 @@ def load_row(
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["fingerprinted"] for r in results),
-        cpu_seconds=sum(r["cpu_seconds"] for r in results),
+        cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
         logits_error=_largest([r["logits_error"] for r in results]),
         logits_bound=_largest([r["logits_bound"] for r in results]),
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
@@ -134,6 +134,11 @@ def _until_trainable(results: list[LoadMeasurement]) -> tuple[float | None, floa
         seconds = max(seconds, r["seconds"] + r["touch_seconds"] + initialize_seconds)
         peak = max(peak, r["peak_total"], r["held_total"], initialize_peak)
     return seconds, peak / GIB
+
+
+def _total(values: list[float | None]) -> float | None:
+    """The sum, or None where a rank did not measure it (a result written before it was)."""
+    return None if any(value is None for value in values) else sum(value or 0.0 for value in values)
 
 
 def _largest(values: list[float | None]) -> float | None:
