@@ -130,17 +130,17 @@ def check_prefixes(
         started, alone = time.monotonic(), series.needs_nothing(label)
         before = _tests_at(tree, base, commits[first - 2]) if first > 1 else set()
         added = sorted(_tests_at(tree, base, commits[end - 1]) - before)
+        ran = alone or not standalone_tests_only
         worktree = _worktree(tree, base, commits, first, end, alone)
         try:
             modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
             _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
-            if added and (alone or not standalone_tests_only):
+            if added and ran:
                 summary = _pytest(worktree, added, label, timeout)
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
                     raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
-        ran = alone or not standalone_tests_only
         results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone, ran))
         first = end + 1
     return results
