@@ -66,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
                 if limit.error or not limit.seconds:
                     failed += 1
                     print(f"{name} {ranks} {limit.way}: FAILED {limit.error}", flush=True)
+                else:
+                    print(f"{name} {ranks} {limit.way}: {limit.seconds:.2f} s, CPU {_figure(limit.cpu_seconds)} s")
             limit, kept = (row.seconds if not row.error else None for row in limits)
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)

@@ -76,6 +76,7 @@ def _measurement(
         "rank": rank,
         "reader": "dcp",
         "seconds": 1.0 + rank,
+        "cpu_seconds": 0.5,
         "share_bytes": share_bytes,
         "read_bytes": share_bytes,
         "rss_before": 1 << 30,
@@ -92,6 +93,10 @@ def test_a_reader_that_missed_bytes_or_tensors_fails_its_row() -> None:
     assert whole.error is None
     assert whole.seconds == 2.0
     assert whole.way == LIMIT
+    assert whole.cpu_seconds == 1.0  # every rank's CPU together
+    older = _measurement(1, 50)
+    del older["cpu_seconds"]  # a result written before readers measured it: rejudged, not failed
+    assert reader_row("s", Reader.PREAD, 2, 100, 3, [_measurement(0, 50), older]).cpu_seconds is None
     short = reader_row("s", Reader.PREAD, 2, 100, 3, [_measurement(0, 50), _measurement(1, 49)])
     assert short.error is not None
     assert "99 bytes of the checkpoint's 100" in short.error

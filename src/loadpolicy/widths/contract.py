@@ -1,7 +1,7 @@
 """The real-widths readers' contract: what `run` hands every rank of a reader launch (ReaderSpec), what a rank
 reports (ReaderMeasurement). The transformers loads use the load benchmark's (`bench.contract`)."""
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class ReaderSpec(TypedDict):
@@ -13,6 +13,7 @@ class ReaderMeasurement(TypedDict):
     rank: int
     reader: str
     seconds: float  # the read alone, every rank starting together; the slowest rank counts
+    cpu_seconds: NotRequired[float]  # this process's, every thread's, user + system, over the read (not in older runs)
     share_bytes: int  # bytes of the tensor ranges this rank reads (its ZeRO-3 partition of every tensor)
     read_bytes: int  # read from storage (/proc/self/io) during the read
     rss_before: int

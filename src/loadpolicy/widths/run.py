@@ -79,7 +79,8 @@ class Row:
     # largest per-rank peak RSS over all three
     trainable_seconds: float | None = None
     trainable_peak_gib: float | None = None
-    cpu_seconds: float | None = None  # loads: CPU of every rank's `from_pretrained` together (user + system)
+    # CPU of every rank together (user + system): a load's over `from_pretrained`, a reader's over its read
+    cpu_seconds: float | None = None
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -176,6 +177,7 @@ def reader_row(
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["checked"] for r in results) if reader is Reader.DCP else 0,
+        cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
     )
 
 

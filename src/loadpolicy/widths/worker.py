@@ -163,14 +163,14 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
     before, io_before = memory_status(), io_counters()
     this.stage(f"read ({spec['reader']})")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with PeakSampler() as sampler:
         if spec["reader"] == "dcp":
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
             share_bytes = sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
         else:
             share_bytes = _PREADS[spec["reader"]](ranges)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
     for mapping in _KEPT:
@@ -183,6 +183,7 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
         "rank": this.rank,
         "reader": spec["reader"],
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "share_bytes": share_bytes,
         "read_bytes": io_after["read_bytes"] - io_before["read_bytes"],
         "rss_before": before["RssAnon"] + before["RssFile"] + before["RssShmem"],
