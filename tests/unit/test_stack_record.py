@@ -43,7 +43,9 @@ def test_a_record_written_for_the_series_is_current(series_dir: Path) -> None:
     assert "PR 1: ... its 3 test(s) pass (20s)" in record.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("change", ["a patch's body", "the order", "a patch added", "the pin", "a nested series"])
+@pytest.mark.parametrize(
+    "change", ["a patch's body", "the order", "a patch added", "the pin", "a nested series", "the pinned versions"]
+)
 def test_any_change_to_the_patches_makes_the_record_stale(series_dir: Path, change: str) -> None:
     record = series_dir / "STACK"
     record_now(record, series_dir)
@@ -56,6 +58,9 @@ def test_any_change_to_the_patches_makes_the_record_stale(series_dir: Path, chan
         (series_dir / "series").write_text("# PR 1: one\n" + "\n".join(reversed(names)) + "\n", encoding="utf-8")
     elif change == "the pin":
         (series_dir / "UPSTREAM").write_text("transformers 5.24.0\n", encoding="utf-8")
+    elif change == "the pinned versions":  # the torch, DeepSpeed, ... the PRs' tests ran with
+        (series_dir.parent / "pins").mkdir()
+        (series_dir.parent / "pins" / "constraints.txt").write_text("torch==2.13.0\n", encoding="utf-8")
     elif change == "a nested series":
         nested = series_dir / "deepspeed"
         nested.mkdir()

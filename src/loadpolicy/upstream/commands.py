@@ -66,7 +66,7 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     stack.add_argument(
         "--standalone-tests-only",
         action="store_true",
-        help="run only the tests of the PRs checked alone (every prefix still imports); CI's part of the check",
+        help="run only the tests of the PRs checked alone (every prefix still imports): the quick part, by hand",
     )
     stack.add_argument(
         "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"

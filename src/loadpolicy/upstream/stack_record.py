@@ -1,10 +1,9 @@
 """The record of the last full stack check, and whether it still describes the series.
 
-Running every PR's tests on its own prefix takes 15-20 minutes here, longer than CI can give it beside the rest,
-so CI runs the cheap part (every prefix imports; the standalone PRs' tests alone on the pristine sources) and checks
-that the full check ran on exactly these patches: `tox -e stack` writes the record, naming what it checked by a
-digest (`series_digest`) taken before it ran and checked again after; any change since makes the record stale, and
-`series lint --require-stack-record`, CI's first command, says so.
+Running every PR's tests on its own prefix takes 15-20 minutes here, longer than CI can give it beside the rest, so
+CI checks that the full check ran on exactly these patches and versions instead: `tox -e stack` writes the record,
+naming what it checked by a digest (`series_digest`) taken before it ran and checked again after; any change since
+makes the record stale, and `series lint --require-stack-record`, CI's first command, says so.
 """
 
 from __future__ import annotations
@@ -24,14 +23,17 @@ _DIGEST_LINE = "series sha256 "
 def series_digest(series: Series) -> str:
     """sha256 over what the full check ran: the pin, each PR's label and patches in order (the fork-only patches,
     which no PR's prefix holds, left out), and every series beneath (the DeepSpeed and PEFT series, whose patched
-    packages the PRs' tests run against), each its `series`, pin and the patches it lists. Files not listed (an
-    editor's backup) do not count; the pinned torch and DeepSpeed versions (pins/) are not in it."""
+    packages the PRs' tests run against), each its `series`, pin and the patches it lists, and the pinned versions
+    the tests ran with (`pins/constraints.txt` beside the series' folder, where there is one). Files not listed (an
+    editor's backup) do not count."""
     digest = hashlib.sha256()
 
     def add(path: Path) -> None:
         digest.update(path.relative_to(series.directory).as_posix().encode() + b"\0" + path.read_bytes())
 
     add(series.directory / "UPSTREAM")
+    if (constraints := series.directory.parent / "pins" / "constraints.txt").is_file():
+        digest.update(b"../pins/constraints.txt\0" + constraints.read_bytes())
     for label, names in series.groups:
         if not label.startswith(FORK_ONLY):
             digest.update(label.encode() + b"\0")
@@ -70,8 +72,8 @@ def require_current_record(path: Path, series: Series) -> str:
     if recorded != current:
         raise UpstreamError(
             f"{path} records the full stack check of series {recorded}, but the series is now {current}: "
-            "a PR's patch, the pin or the DeepSpeed or PEFT series changed since every PR's tests last ran on its "
-            "prefix; run `tox -e stack`"
+            "a PR's patch, the pin, the pinned versions or the DeepSpeed or PEFT series changed since every PR's "
+            "tests last ran on its prefix; run `tox -e stack`"
         )
     return first
 
