@@ -4,8 +4,9 @@ For each shape and rank count: the in-flight read limit (into reused buffers, an
 it), then the loads that read partitions ("Zero3Init: partition reads", "EPMeta: partition reads", "EPMeta: token
 dispatch") launched in turn, `--repeats` rounds, each from a cold page cache and judged as `loadpolicy dev widths`
 judges its rows (every parameter against the stock one-process load's fingerprints, logits within their bound), then
-both limits again (the faster read of each counts). A row that fails its judge prints its error and counts for
-nothing; the exit status is 1 if any did.
+both limits again (the faster read of each counts). With `--peer`, torch DCP's `HuggingFaceStorageReader` too, once a
+round before the loads (its blocks compared with the file's bytes), and each load's best beside DCP's. A row that
+fails its judge prints its error and counts for nothing; the exit status is 1 if any did.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 .tox/widths/bin/python scripts/partition-reads-rows.py \\
         TREE STOCK_TREE build/widths/checkpoints --ranks 2 4 --shapes qwen3-30b-a3b deepseek-v2-lite
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Row, faster, in_flight_limit, load_once, prepare_checkpoint
+from loadpolicy.widths.run import Checkpoint, Row, faster, in_flight_limit, load_once, prepare_checkpoint
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -29,6 +30,20 @@ OUT = Path("/tmp/partition-reads-rows")
 
 def _figure(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def _peer(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path, said: str) -> Row | None:
+    """torch DCP's reader, judged by its blocks against the file's bytes; None (said) if it failed."""
+    peer = in_flight_limit(checkpoint, ranks, tree, where, 900, Reader.DCP)
+    if peer.error or peer.seconds is None:
+        print(f"{said} {peer.way}: FAILED {peer.error}", flush=True)
+        return None
+    print(
+        f"{said} {peer.way}: {peer.seconds:.2f} s, CPU {_figure(peer.cpu_seconds)} s, peak "
+        f"{_figure(peer.peak_over_ideal)}x T/W + baseline, {peer.checked} tensors equal to the file's",
+        flush=True,
+    )
+    return peer
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,7 +56,12 @@ def main(args: argparse.Namespace) -> int:
             kinds = (Reader.PREAD_IN_FLIGHT, Reader.PREAD_KEPT)
             first = [in_flight_limit(checkpoint, ranks, args.tree, where / kind, reader=kind) for kind in kinds]
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
+            peers: list[Row] = []
             for repeat in range(args.repeats):
+                if args.peer:
+                    peer = _peer(checkpoint, ranks, args.tree, where / f"dcp-{repeat}", f"{name} {ranks} {repeat}")
+                    failed += peer is None
+                    peers += [peer] if peer else []
                 for case in cases:
                     row = load_once(checkpoint, case, ranks, args.tree, where / f"{case.label}-{repeat}", 900)
                     if row.error or row.seconds is None or row.peak_over_ideal is None:
@@ -69,13 +89,15 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     print(f"{name} {ranks} {limit.way}: {limit.seconds:.2f} s, CPU {_figure(limit.cpu_seconds)} s")
             limit, kept = (row.seconds if not row.error else None for row in limits)
+            dcp = min((row.seconds or math.nan for row in peers), default=math.nan)
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)
                 peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
+                ahead = f" | DCP {dcp:.2f} s: {dcp / best:.2f}x as long" if args.peer else ""
                 print(
                     f"| {name} | {ranks} | {label} | {_figure(limit)} | {_figure(kept)} | {best:.2f} "
                     f"({_figure(best / limit if limit else None)}x / {_figure(best / kept if kept else None)}x) "
-                    f"| {peak:.3f} | {len(done)}/{args.repeats} |",
+                    f"| {peak:.3f} | {len(done)}/{args.repeats}{ahead} |",
                     flush=True,
                 )
     return 1 if failed else 0
@@ -89,6 +111,7 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", nargs="+", default=sorted(SHAPES_BY_NAME))
     parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--peer", action="store_true", help="also torch DCP's reader, once a round, before the loads")
     parsed = parser.parse_args()
     for attr in ("tree", "stock", "checkpoints"):
         setattr(parsed, attr, getattr(parsed, attr).resolve())
