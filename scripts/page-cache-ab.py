@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loadpolicy.harness.procfs import evict_from_page_cache
 from loadpolicy.widths.cases import LOADS, Reader
-from loadpolicy.widths.run import in_flight_limit, load_once, prepare_checkpoint
+from loadpolicy.widths.run import load_once, prepare_checkpoint, read_once
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -48,9 +48,9 @@ def main(args: argparse.Namespace) -> None:
             tag = f"{'full' if full else 'free'}-{index}"
             fill(fillers, full)
             free = mem_free_gib()
-            kept = in_flight_limit(checkpoint, args.ranks, TREE, out / f"kept-{tag}", reader=Reader.PREAD_KEPT)
+            kept = read_once(checkpoint, args.ranks, TREE, out / f"kept-{tag}", reader=Reader.PREAD_KEPT)
             fill(fillers, full)
-            plain = in_flight_limit(checkpoint, args.ranks, TREE, out / f"plain-{tag}")
+            plain = read_once(checkpoint, args.ranks, TREE, out / f"plain-{tag}")
             fill(fillers, full)
             load = load_once(checkpoint, case, args.ranks, TREE, out / f"load-{tag}", 900)
             print(

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Checkpoint, Row, faster, in_flight_limit, load_once, prepare_checkpoint
+from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -34,7 +34,7 @@ def _figure(value: float | None) -> str:
 
 def _peer(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path, said: str) -> Row | None:
     """torch DCP's reader, judged by its blocks against the file's bytes; None (said) if it failed."""
-    peer = in_flight_limit(checkpoint, ranks, tree, where, 900, Reader.DCP)
+    peer = read_once(checkpoint, ranks, tree, where, 900, Reader.DCP)
     if peer.error or peer.seconds is None:
         print(f"{said} {peer.way}: FAILED {peer.error}", flush=True)
         return None
@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         for ranks in args.ranks:
             where = OUT / name / str(ranks)
             kinds = (Reader.PREAD_IN_FLIGHT, Reader.PREAD_KEPT)
-            first = [in_flight_limit(checkpoint, ranks, args.tree, where / kind, reader=kind) for kind in kinds]
+            first = [read_once(checkpoint, ranks, args.tree, where / kind, reader=kind) for kind in kinds]
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
             peers: list[Row] = []
             for repeat in range(args.repeats):
@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
                     )
             # after the loads in the reverse order, so that both limits sit alike around them; the faster counts
             again = [
-                in_flight_limit(checkpoint, ranks, args.tree, where / f"{kind}-again", reader=kind)
+                read_once(checkpoint, ranks, args.tree, where / f"{kind}-again", reader=kind)
                 for kind in reversed(kinds)
             ][::-1]
             limits = [faster(before, after) for before, after in zip(first, again, strict=True)]

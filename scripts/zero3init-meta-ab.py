@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from loadpolicy.widths.cases import LOADS
-from loadpolicy.widths.run import faster, in_flight_limit, load_once, prepare_checkpoint
+from loadpolicy.widths.run import faster, load_once, prepare_checkpoint, read_once
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -29,7 +29,7 @@ def main(trees: dict[str, Path], stock: Path, checkpoints: Path, shapes: list[st
     ranks, failed = 2, 0
     for name in shapes:
         checkpoint = prepare_checkpoint(SHAPES_BY_NAME[name], checkpoints, stock, 40.0, 900)
-        limit = in_flight_limit(checkpoint, ranks, trees["after"], OUT / name / "limit")
+        limit = read_once(checkpoint, ranks, trees["after"], OUT / name / "limit")
         seconds: dict[str, list[float]] = {label: [] for label in trees}
         peaks: dict[str, list[float]] = {label: [] for label in trees}
         for repeat in range(repeats):
@@ -46,7 +46,7 @@ def main(trees: dict[str, Path], stock: Path, checkpoints: Path, shapes: list[st
                     f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= {row.logits_bound}",
                     flush=True,
                 )
-        limit = faster(limit, in_flight_limit(checkpoint, ranks, trees["after"], OUT / name / "limit-again"))
+        limit = faster(limit, read_once(checkpoint, ranks, trees["after"], OUT / name / "limit-again"))
         if limit.error or not limit.seconds:
             failed += 1
             print(f"{name} limit: FAILED {limit.error}", flush=True)

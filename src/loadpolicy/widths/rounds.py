@@ -28,8 +28,7 @@ from loadpolicy.widths.run import (
     WidthsFailedError,
     load_once,
     prepare_checkpoint,
-    read_cold,
-    reader_row,
+    read_once,
 )
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
@@ -75,8 +74,7 @@ def rounds(
         for way in round_order(index):
             where = out / "runs" / f"{index}-{way.replace(' ', '-')}"
             if way == PEER:
-                results = read_cold(Reader.DCP, checkpoint.path, ranks, trees[Tree.PATCHED], where, timeout)
-                row = reader_row(shape, Reader.DCP, ranks, checkpoint.total, checkpoint.tensors, results)
+                row = read_once(checkpoint, ranks, trees[Tree.PATCHED], where, timeout, Reader.DCP)
             else:
                 env = SEQUENTIAL if way == ONE_READ_AT_A_TIME else None
                 row = load_once(checkpoint, load, ranks, trees[load.tree], where, timeout, env=env)

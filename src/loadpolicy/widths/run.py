@@ -200,7 +200,7 @@ class Checkpoint:
     logits: Path | None = None  # the stock one-process forwards' logits (`bench.logits`): every load's judged
 
 
-def in_flight_limit(
+def read_once(
     checkpoint: Checkpoint,
     ranks: int,
     tree: Path,
@@ -208,8 +208,9 @@ def in_flight_limit(
     timeout: float = 600,
     reader: Reader = Reader.PREAD_IN_FLIGHT,
 ) -> Row:
-    """The limit the partition reads are held to: each rank's share read cold, several reads in flight (into reused
-    buffers, or with `Reader.PREAD_KEPT` into memory kept as a load keeps it)."""
+    """One reader launch from a cold page cache, judged. By default the limit the partition reads are held to: each
+    rank's share read several reads in flight into reused buffers (`Reader.PREAD_KEPT`: into memory kept as a load
+    keeps it); `Reader.DCP` is the peer."""
     results = read_cold(reader, checkpoint.path, ranks, tree, out, timeout)
     return reader_row(checkpoint.shape.name, reader, ranks, checkpoint.total, checkpoint.tensors, results)
 
