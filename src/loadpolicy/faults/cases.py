@@ -29,6 +29,9 @@ class FaultCase:
     # environment of the launch: a short bound on waiting for peers turns a rank left waiting into an error that
     # names the ranks it waited for, within the launch's bound
     env: tuple[tuple[str, str], ...] = ()
+    # The error comes from the configuration or the file alone, the same on every rank whatever their number: the
+    # main job runs it at 2 ranks, the sweep at 4 too
+    same_at_any_world_size: bool = False
 
 
 def _cases() -> tuple[FaultCase, ...]:
@@ -37,6 +40,7 @@ def _cases() -> tuple[FaultCase, ...]:
             "ZeRO-3 with fsdp_size > 1",
             layout=EPLayout.FSDP_WITHOUT_EP,
             error="cannot be combined with FSDP2 data parallelism (fsdp_size=",
+            same_at_any_world_size=True,
         ),
         FaultCase(
             "num_experts (5) not divisible by ep_size",
@@ -47,12 +51,19 @@ def _cases() -> tuple[FaultCase, ...]:
             "enable_expert_parallel=True alone",
             layout=EPLayout.DEPRECATED_FLAG,
             warning="resolves to ep_size=1: the experts are not sharded",
+            same_at_any_world_size=True,
         ),
-        FaultCase("user device_map='auto' with EP", device_map="auto", error="`device_map` are mutually exclusive"),
+        FaultCase(
+            "user device_map='auto' with EP",
+            device_map="auto",
+            error="`device_map` are mutually exclusive",
+            same_at_any_world_size=True,
+        ),
         FaultCase(
             "EP + ZeRO-3 + quantized model (BitNet)",
             checkpoint="quantized",
             error="Expert parallelism (ep_size=",
+            same_at_any_world_size=True,
         ),
         FaultCase(
             "truncated safetensors, one rank's view",
@@ -61,7 +72,12 @@ def _cases() -> tuple[FaultCase, ...]:
             error="`from_pretrained` failed on rank(s) [1]: rank 1: OSError",
             bad_rank_error="model.safetensors is truncated: its header describes",
         ),
-        FaultCase("truncated safetensors, every rank", checkpoint="truncated", error="model.safetensors is truncated"),
+        FaultCase(
+            "truncated safetensors, every rank",
+            checkpoint="truncated",
+            error="model.safetensors is truncated",
+            same_at_any_world_size=True,
+        ),
         FaultCase(
             "checkpoint missing expert 3's weights",
             checkpoint="missing_expert",
@@ -94,3 +110,14 @@ def _cases() -> tuple[FaultCase, ...]:
 
 
 FAULT_CASES = _cases()
+
+
+def fault_runs(*, fast: bool, sweep: bool) -> list[tuple[FaultCase, int]]:
+    """The (case, ranks) launches of a validation: every case at 2 ranks; at 4 as well in the main job where the
+    outcome can depend on the world size, and for every case in the sweep; `fast` (CI) at 2 only."""
+    return [
+        (case, ranks)
+        for case in FAULT_CASES
+        for ranks in (2, 4)
+        if ranks == 2 or not (fast or (case.same_at_any_world_size and not sweep))
+    ]

@@ -30,7 +30,15 @@ def _kill_this_rank_while_loading() -> None:
     modeling_utils.PreTrainedModel._load_pretrained_model = staticmethod(killed)
 
 
-def _load(spec: FaultSpec, rank: int, world: int, out: str) -> None:
+def _model_class(spec: FaultSpec) -> Any:
+    """The model class, imported with torch, transformers and what `_load` uses: not part of the time to the error."""
+    import transformers  # noqa: PLC0415
+    import transformers.integrations.deepspeed  # noqa: PLC0415
+
+    return getattr(transformers, spec["model_class"])
+
+
+def _load(spec: FaultSpec, model_class: Any, rank: int, world: int, out: str) -> None:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
@@ -49,7 +57,7 @@ def _load(spec: FaultSpec, rank: int, world: int, out: str) -> None:
     checkpoint = spec["checkpoints"].get(str(rank), spec["checkpoints"]["*"])
     if spec["kill_rank"] == rank:
         _kill_this_rank_while_loading()
-    model = getattr(transformers, spec["model_class"]).from_pretrained(checkpoint, **kwargs)
+    model = model_class.from_pretrained(checkpoint, **kwargs)
     if spec["then_collective"]:
         # What a script does next (deepspeed.initialize, a training step): its first collective after loading
         if not torch.distributed.is_initialized():
@@ -67,13 +75,15 @@ def main(spec_path: str, out_dir: str) -> None:
     this = Rank(out)
     rank, world = this.rank, this.world_size
     spec: FaultSpec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    this.stage("import")
+    model_class = _model_class(spec)
     this.stage("from_pretrained")
     start = time.monotonic()
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            _load(spec, rank, world, out_dir)
+            _load(spec, model_class, rank, world, out_dir)
         except Exception as exc:  # the outcome under test
             error = f"{type(exc).__name__}: {exc}"
     result = {

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,11 +50,21 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout: float) -> Non
     parser.add_argument("--cache", type=Path, default=Path("build/cache"), help="sdist cache (default: build/cache)")
 
 
+_HANDED_OUT: set[int] = set()
+_PORTS = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port the kernel has just reported free and that no other launch of this process was given: launches run
+    side by side (`harness/pool.py`), and the kernel may hand a closed port out again at once."""
+    with _PORTS:
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port: int = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def accelerate_config(path: Path, ranks: int, port: int) -> Path:
@@ -193,10 +204,32 @@ def launch(
     worker = ["-m", module, str(out / "spec.json"), str(out)]
     if launcher is None and ranks > 1:
         launcher = Launcher.TORCHRUN
-    command = [sys.executable, *worker] if launcher is None else launch_command(launcher, ranks, worker, out)
     start = time.monotonic()
-    code, left_running = _run_in_session(command, tree_env(tree) | dict(env or {}), out / "launcher.log", timeout)
+    code, left_running = _launch_once(worker, launcher, ranks, tree, out, timeout, env)
+    if _port_taken(out, code):
+        code, left_running = _launch_once(worker, launcher, ranks, tree, out, timeout, env)
     return Launched(tree, out, ranks, timeout, code, time.monotonic() - start, left_running)
+
+
+def _launch_once(
+    worker: list[str],
+    launcher: Launcher | None,
+    ranks: int,
+    tree: Path,
+    out: Path,
+    timeout: float,
+    env: Mapping[str, str] | None,
+) -> tuple[int | None, bool]:
+    command = [sys.executable, *worker] if launcher is None else launch_command(launcher, ranks, worker, out)
+    return _run_in_session(command, tree_env(tree) | dict(env or {}), out / "launcher.log", timeout)
+
+
+def _port_taken(out: Path, code: int | None) -> bool:
+    """The launcher could not listen on its port (another process took it between `free_port` and the launcher's
+    bind) and no rank started: the launch is run again on another port."""
+    if code in (0, None) or any(out.glob("rank*.*")):
+        return False
+    return "EADDRINUSE" in (out / "launcher.log").read_text(encoding="utf-8", errors="replace")
 
 
 def read_results(launched: Launched, contract: type[Contract], suffix: str = ".json") -> list[Contract] | str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,15 +146,22 @@ def _reference(
     for the same training (model, steps, optimizer, clipping, frozen parameters, batches) is reused."""
     shape = {"ranks": ranks} if spec["distributed_reference"] else {}
     key = json.dumps({k: v for k, v in spec.items() if k not in _CASE_ONLY} | shape, sort_keys=True)
-    if key in references:
-        return references[key], None
-    if spec["distributed_reference"]:
-        error = _run_mode(spec, "trl_reference", ranks, None, stock, directory, timeout)
-    else:
-        error = _run_mode(spec, "single", 1, None, stock, directory, timeout)
-    if error is None:
-        references[key] = directory
-    return directory, error
+    with _REFERENCES_LOCK:  # cases run side by side (`harness/pool.py`): the second waits for the first's reference
+        lock = _REFERENCE_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key in references:
+            return references[key], None
+        if spec["distributed_reference"]:
+            error = _run_mode(spec, "trl_reference", ranks, None, stock, directory, timeout)
+        else:
+            error = _run_mode(spec, "single", 1, None, stock, directory, timeout)
+        if error is None:
+            references[key] = directory
+        return directory, error
+
+
+_REFERENCES_LOCK = threading.Lock()
+_REFERENCE_LOCKS: dict[str, threading.Lock] = {}
 
 
 def _run_case(case: ParityCase, spec: ParitySpec, tree: Path, out: Path, timeout: float) -> str | None:

@@ -5,15 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
-from loadpolicy.faults.cases import FAULT_CASES
-from loadpolicy.faults.run import build_fault_checkpoints, run_fault
+from loadpolicy.errors import positive_int
+from loadpolicy.faults.cases import fault_runs
+from loadpolicy.faults.run import FaultOutcome, build_fault_checkpoints, run_fault
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments
+from loadpolicy.harness.pool import run_all
 from loadpolicy.matrix.cases import fast_matrix, full_matrix
 from loadpolicy.matrix.run import RunOutcome, prepare_matrix, run_scenario
 from loadpolicy.parity.cases import PARITY_FAST, PARITY_FULL, PARITY_MAIN
-from loadpolicy.parity.run import run_parity
+from loadpolicy.parity.run import ParityOutcome, run_parity
 from loadpolicy.validate.architectures import run_architectures
 from loadpolicy.validate.report import (
     ValidationResults,
@@ -33,7 +38,15 @@ def _visible_gpus() -> int:
 
 
 def validate(
-    out: Path, patches: Path, cache: Path, *, fast: bool, timeout: float, command: str, sweep: bool = False
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    fast: bool,
+    timeout: float,
+    command: str,
+    sweep: bool = False,
+    jobs: int | None = None,
 ) -> int:
     trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
     runs = fast_matrix() if fast else full_matrix(sweep=sweep)
@@ -45,46 +58,61 @@ def validate(
         print(f"backend: nccl, {gpus} GPUs visible; skipping {len(skipped)} runs that need more ranks than GPUs")
     else:
         print("backend: gloo on CPU (fewer than 2 GPUs visible)")
-    outcomes: list[RunOutcome] = []
-    started = time.monotonic()
-    for index, run in enumerate(runs, start=1):
-        outcome = run_scenario(run, trees, checkpoints, out / "runs" / f"{index:03d}", timeout)
-        outcomes.append(outcome)
-        passed = sum(a.passed for a in outcome.archs)
-        mark = "ok " if outcome.met_expectation else "!! "
-        print(
-            f"{mark}[{index}/{len(runs)}] {run.label}: {passed}/{len(outcome.archs)} archs passed "
-            f"({outcome.seconds:.1f}s){' ' + outcome.launch_error if outcome.launch_error else ''}",
-            flush=True,
-        )
-    parities = []
+    # Side by side on a CPU machine (each launch leaves cores idle at start-up and while ranks wait on each other);
+    # one at a time on GPUs, where every launch takes one GPU per rank
+    jobs = jobs or (1 if gpus >= 2 else 2)
     cases = PARITY_FAST if fast else PARITY_FULL if sweep else PARITY_MAIN
-    references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
-    for index, case in enumerate(cases, start=1):
-        parity = run_parity(case, trees, checkpoints, out / "parity" / f"{index:03d}", timeout, references)
-        parities.append(parity)
-        mark = "ok " if parity.passed else "!! "
-        print(f"{mark}[{index}/{len(cases)}] {case.label}: {parity.detail} ({parity.seconds:.1f}s)", flush=True)
     variants = build_fault_checkpoints(checkpoints)
-    fault_runs = [(case, ranks) for case in FAULT_CASES for ranks in ((2,) if fast else (2, 4))]
-    faults = []
-    for index, (fault_case, ranks) in enumerate(fault_runs, start=1):
-        fault = run_fault(fault_case, ranks, trees[Tree.PATCHED], variants, out / "faults" / f"{index:03d}")
-        faults.append(fault)
-        mark = "ok " if fault.passed else "!! "
-        label = f"bad input | {fault_case.name} | torchrun x{ranks}"
-        print(f"{mark}[{index}/{len(fault_runs)}] {label}: {fault.detail}", flush=True)
+    bad_inputs = fault_runs(fast=fast, sweep=sweep)
+    print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
+    references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
+    tree = trees[Tree.PATCHED]
+    work: list[Callable[[], Any]] = [
+        *(
+            partial(run_scenario, run, trees, checkpoints, out / "runs" / f"{i:03d}", timeout)
+            for i, run in enumerate(runs, 1)
+        ),
+        *(
+            partial(run_parity, case, trees, checkpoints, out / "parity" / f"{i:03d}", timeout, references)
+            for i, case in enumerate(cases, 1)
+        ),
+        *(
+            partial(run_fault, case, ranks, tree, variants, out / "faults" / f"{i:03d}")
+            for i, (case, ranks) in enumerate(bad_inputs, 1)
+        ),
+    ]
+    labels = [
+        *(f"[{i}/{len(runs)}] {run.label}" for i, run in enumerate(runs, 1)),
+        *(f"[{i}/{len(cases)}] {case.label}" for i, case in enumerate(cases, 1)),
+        *(f"[{i}/{len(bad_inputs)}] bad input | {c.name} | torchrun x{r}" for i, (c, r) in enumerate(bad_inputs, 1)),
+    ]
+    started = time.monotonic()
+    results = run_all(work, jobs, lambda index, result: print(_line(labels[index], result), flush=True))
+    outcomes: list[RunOutcome] = results[: len(runs)]
+    parities: list[ParityOutcome] = results[len(runs) : len(runs) + len(cases)]
+    faults: list[FaultOutcome] = results[len(runs) + len(cases) :]
     print(render_table(outcomes))
     print(render_parity(parities))
     print(render_faults(faults))
-    results = ValidationResults(outcomes, parities, faults)
-    write_json(results, out / "report.json")
-    (out / "report.md").write_text(render_markdown(results, command), encoding="utf-8")
-    unexpected = results.unexpected()
-    total = len(runs) + len(cases) + len(fault_runs)
-    print(f"\n{total} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
+    report = ValidationResults(outcomes, parities, faults)
+    write_json(report, out / "report.json")
+    (out / "report.md").write_text(render_markdown(report, command), encoding="utf-8")
+    unexpected = report.unexpected()
+    print(f"\n{len(work)} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
     return 1 if unexpected else 0
+
+
+def _line(label: str, result: RunOutcome | ParityOutcome | FaultOutcome) -> str:
+    """How one finished launch is reported as it ends."""
+    if isinstance(result, RunOutcome):
+        passed = sum(a.passed for a in result.archs)
+        error = " " + result.launch_error if result.launch_error else ""
+        summary = f"{passed}/{len(result.archs)} archs passed ({result.seconds:.1f}s){error}"
+        return f"{'ok ' if result.met_expectation else '!! '}{label}: {summary}"
+    if isinstance(result, ParityOutcome):
+        return f"{'ok ' if result.passed else '!! '}{label}: {result.detail} ({result.seconds:.1f}s)"
+    return f"{'ok ' if result.passed else '!! '}{label}: {result.detail} ({result.wall_seconds:.1f}s)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,6 +129,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="every EP-capable model type of the pinned release generated tiny ('all'), or the ones named",
     )
     parser.add_argument("--out", type=Path, default=Path("build/validate"), help="work and report directory")
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="launches run side by side (default: 2 on CPU, 1 with GPUs, where each launch takes one per rank)",
+    )
     add_launch_arguments(parser, timeout=180.0)
     parser.set_defaults(handler=_run)
 
@@ -115,7 +149,14 @@ def _run(args: argparse.Namespace) -> str:
         return "every model type that plain EP loads on stock loads under ZeRO-3 on the patched tree"
     command = "loadpolicy dev validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
     code = validate(
-        args.out, args.patches, args.cache, fast=args.fast, sweep=args.sweep, timeout=args.timeout, command=command
+        args.out,
+        args.patches,
+        args.cache,
+        fast=args.fast,
+        sweep=args.sweep,
+        timeout=args.timeout,
+        command=command,
+        jobs=args.jobs,
     )
     if code:
         raise ValidationFailedError("some runs did not behave as expected: see the table above")

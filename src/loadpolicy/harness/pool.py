@@ -1,0 +1,44 @@
+"""Independent launches a few at a time: each is a bounded subprocess session, so threads only wait on them.
+
+On a CPU machine a launch leaves part of the cores idle (process start-up, rendezvous, a rank waiting on a peer's
+error); a second launch beside it fills them. With GPUs each launch takes one per rank, so they run one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+
+Result = TypeVar("Result")
+
+
+def run_all(jobs: Sequence[Callable[[], Result]], workers: int, done: Callable[[int, Result], None]) -> list[Result]:
+    """Run every job, at most `workers` at once, in the order given; `done(index, result)` is called in this thread
+    as each one ends (so in the order they end). Returns the results in the order of `jobs`. An exception of a job
+    (a bug of the harness, not a failed run: runs report their own failures) is raised once the running jobs end."""
+    if workers < 1:
+        raise ValueError(f"workers={workers}: at least 1 launch must run at a time")
+    results: dict[int, Result] = {}
+    errors: list[BaseException] = []
+    pending = list(reversed(list(enumerate(jobs))))
+    with ThreadPoolExecutor(workers) as pool:
+        running: dict[Future[Result], int] = {}
+        while pending or running:
+            while pending and not errors and len(running) < workers:
+                index, job = pending.pop()
+                running[pool.submit(job)] = index
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                index = running.pop(future)
+                if (error := future.exception()) is not None:
+                    errors.append(error)  # start nothing new; the launches running end at their own bound
+                    continue
+                results[index] = future.result()
+                done(index, results[index])
+            if errors and not running:
+                break
+    if errors:
+        raise errors[0]
+    return [results[index] for index in range(len(jobs))]
