@@ -70,7 +70,8 @@ def main(args: argparse.Namespace) -> int:
                         continue
                     rows[case.label].append(row)
                     print(
-                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s, CPU {_figure(row.cpu_seconds)} s "
+                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s (reading "
+                        f"{_figure(row.reading_seconds)} s), CPU {_figure(row.cpu_seconds)} s "
                         f"(all ranks; {os.cpu_count()} cores), peak {row.peak_gib:.2f} GiB "
                         f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= "
                         f"{row.logits_bound}",
@@ -93,7 +94,12 @@ def main(args: argparse.Namespace) -> int:
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)
                 peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
-                ahead = f" | DCP {dcp:.2f} s: {dcp / best:.2f}x as long" if args.peer else ""
+                reading = min((row.reading_seconds or math.nan for row in done), default=math.nan)
+                ahead = (
+                    f" | DCP {dcp:.2f} s: {dcp / best:.2f}x as long as the load, {dcp / reading:.2f}x as its reads"
+                    if args.peer
+                    else ""
+                )
                 print(
                     f"| {name} | {ranks} | {label} | {_figure(limit)} | {_figure(kept)} | {best:.2f} "
                     f"({_figure(best / limit if limit else None)}x / {_figure(best / kept if kept else None)}x) "

@@ -288,6 +288,7 @@ def _load(rank: int, deviation: float | None, logits_problems: list[str] | None 
         "seconds": 1.0,
         "touch_seconds": 0.0,
         "cpu_seconds": 1.0,
+        "reading_seconds": 0.5 + rank,
         "initialize_seconds": None,
         "initialize_peak_total": None,
         "fingerprinted": 3,
@@ -311,6 +312,12 @@ def test_a_load_row_carries_its_worst_rank_s_logits_and_fails_with_their_judge()
     older = _load(1, 0.125)
     del older["cpu_seconds"]  # a result written before ranks measured it: rejudged, not failed
     assert load_row("s", epmeta, 2, 100, [_load(0, 0.0), older], tree=Path("/t"), parameters=3).cpu_seconds is None
+    assert row.reading_seconds == 1.5  # the slowest rank's partition reads
+    unread = _load(1, 0.125)
+    unread["reading_seconds"] = None  # a rank that read no partitions: no figure for the row
+    assert (
+        load_row("s", epmeta, 2, 100, [_load(0, 0.0), unread], tree=Path("/t"), parameters=3).reading_seconds is None
+    )
     assert "equal (3); logits 0.1250 <= 0.2500 (stock bf16 +- 0.5000; half the experts: 2.0000) |" in render_markdown(
         [row]
     )

@@ -30,6 +30,9 @@ class LoadMeasurement(LogitsFigures):
     unpartitioned: int  # parameters without a ZeRO-3 `ds_id`
     seconds: float
     touch_seconds: float  # touching every loaded tensor once afterwards: the reads a memory-mapped load deferred
+    # of `seconds`, those in the patched tree's partition reads (files opened to the last byte in place, conversions
+    # included; not building the model): None on stock or where none ran (absent from older runs' results)
+    reading_seconds: NotRequired[float | None]
     # user + system CPU of this rank's process (all its threads) during `from_pretrained`: over the ranks, against
     # the cores times the seconds, whether a load was bound by this machine's cores (absent from older runs' results)
     cpu_seconds: NotRequired[float]

@@ -81,6 +81,9 @@ class Row:
     trainable_peak_gib: float | None = None
     # CPU of every rank together (user + system): a load's over `from_pretrained`, a reader's over its read
     cpu_seconds: float | None = None
+    # patched loads: the slowest rank's seconds in partition reads alone (files opened to the last byte in place),
+    # what a reader such as DCP does into tensors allocated beforehand; None where a rank read none
+    reading_seconds: float | None = None
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -115,6 +118,7 @@ def load_row(
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
         checked=min(r["fingerprinted"] for r in results),
         cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
+        reading_seconds=_slowest_reading(results),
         logits_error=_largest([r["logits_error"] for r in results]),
         logits_bound=_largest([r["logits_bound"] for r in results]),
         logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
@@ -140,6 +144,12 @@ def _until_trainable(results: list[LoadMeasurement]) -> tuple[float | None, floa
 def _total(values: list[float | None]) -> float | None:
     """The sum, or None where a rank did not measure it (a result written before it was)."""
     return None if any(value is None for value in values) else sum(value or 0.0 for value in values)
+
+
+def _slowest_reading(results: list[LoadMeasurement]) -> float | None:
+    """The slowest rank's partition reads; None unless every rank read partitions."""
+    reading = [r.get("reading_seconds") for r in results]
+    return None if any(seconds is None for seconds in reading) else _largest(reading)
 
 
 def _largest(values: list[float | None]) -> float | None:
