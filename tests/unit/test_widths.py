@@ -17,7 +17,7 @@ import pytest
 from loadpolicy.bench.contract import LoadMeasurement
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement
-from loadpolicy.widths.ranges import TensorSpan, partition_range, read_spans, share
+from loadpolicy.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
 from loadpolicy.widths.run import (
     LIMIT,
     LIMIT_IN_FLIGHT,
@@ -67,6 +67,30 @@ def test_shares_of_a_file_add_up_to_its_tensors_and_merge_adjacent_ranges(tmp_pa
         covered = sorted((str(f), s, e) for ranges in shares for f, s, e in ranges)
         assert all(a[2] <= b[1] for a, b in itertools.pairwise(covered) if a[0] == b[0])  # no overlap
     assert len(share(spans, 0, 1)) == 2  # one world: each file one range
+
+
+def test_a_rank_s_share_holds_its_experts_whole_and_a_partition_of_every_other_tensor(tmp_path: Path) -> None:
+    per_expert = {f"model.layers.0.mlp.experts.{e}.{w}.weight": ("BF16", (4, 2), 2) for e in range(4) for w in "ab"}
+    merged = {"model.layers.0.mlp.experts.gate_up_proj": ("BF16", (4, 2, 2), 2)}  # stored stacked: partitioned
+    _safetensors(tmp_path / "model.safetensors", {"model.norm.weight": ("F32", (6,), 4), **per_expert, **merged})
+    spans = read_spans(tmp_path)
+    by_name = {span.name: span for span in spans}
+    assert expert_owners(spans, 2) == {name: int(name.split(".")[5]) // 2 for name in per_expert}
+    assert expert_owners(spans, 3) == {}  # 4 experts over 3 ranks: partitions cut through an expert
+    for world in (1, 2, 4):
+        shares = [share(spans, rank, world) for rank in range(world)]
+        assert sum(end - start for ranges in shares for _, start, end in ranges) == spans[-1].end - spans[0].start
+        for rank, ranges in enumerate(shares):
+            held = {name for name in per_expert if any(s <= by_name[name].start < e for _, s, e in ranges)}
+            first = rank * 4 // world
+            assert held == {
+                f"model.layers.0.mlp.experts.{e}.{w}.weight" for e in range(first, first + 4 // world) for w in "ab"
+            }
+    stacked = by_name["model.layers.0.mlp.experts.gate_up_proj"]
+    halves = [partition_range(stacked, rank, 2) for rank in range(2)]
+    assert all(
+        any(s <= start and end <= e for _, s, e in share(spans, rank, 2)) for rank, (start, end) in enumerate(halves)
+    )
 
 
 def _measurement(

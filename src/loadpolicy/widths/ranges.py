@@ -1,11 +1,13 @@
-"""Where each rank's share of a safetensors checkpoint lies: its ZeRO-3 partition of every tensor, as byte ranges of
-the files, from the headers alone (pure; no torch)."""
+"""Where each rank's share of a safetensors checkpoint lies: the bytes its partitions cover, as byte ranges of the
+files, from the headers alone (pure; no torch)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,11 +54,38 @@ def partition_range(span: TensorSpan, rank: int, world: int) -> tuple[int, int]:
     return span.start + first * size, span.start + last * size
 
 
+# a checkpoint key of one expert's weight: `model.layers.0.block_sparse_moe.experts.3.w1.weight`
+_ONE_EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.(?P<expert>\d+)\.")
+
+
+def expert_owners(spans: list[TensorSpan], world: int) -> dict[str, int]:
+    """The rank that holds each tensor stored per expert, by name: of E experts in a layer, rank r holds the experts
+    `[r E/W, (r+1) E/W)` whole, both as expert parallelism over every rank shards them and as ZeRO-3 partitions the
+    stacked `[E, ...]` tensor that transformers merges them into. A layer whose E does not divide by the world is left
+    out (its stacked tensor's partitions cut through an expert)."""
+    experts: dict[str, set[int]] = defaultdict(set)
+    found = {span.name: match for span in spans if (match := _ONE_EXPERT.match(span.name))}
+    for match in found.values():
+        experts[match["layer"]].add(int(match["expert"]))
+    owners = {}
+    for name, match in found.items():
+        count = len(experts[match["layer"]])
+        if count % world == 0:
+            owners[name] = int(match["expert"]) * world // count
+    return owners
+
+
 def share(spans: list[TensorSpan], rank: int, world: int) -> list[tuple[Path, int, int]]:
-    """This rank's `(file, start, end)` ranges, adjacent ones merged (the reads a partition reader could issue)."""
+    """This rank's `(file, start, end)` ranges, adjacent ones merged (the reads a partition reader could issue): the
+    whole tensors of the experts it holds (`expert_owners`), and its ZeRO-3 partition of every other tensor."""
+    owners = expert_owners(spans, world)
     ranges: list[tuple[Path, int, int]] = []
     for span in spans:
-        start, end = partition_range(span, rank, world)
+        owner = owners.get(span.name)
+        if owner is None:
+            start, end = partition_range(span, rank, world)
+        else:
+            start, end = (span.start, span.end) if owner == rank else (span.start, span.start)
         if end <= start:
             continue
         if ranges and ranges[-1][0] == span.file and ranges[-1][2] == start:
