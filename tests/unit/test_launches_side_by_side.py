@@ -29,7 +29,7 @@ def test_results_come_back_in_the_order_of_the_jobs_and_no_more_run_at_once_than
         return value
 
     ended: list[int] = []
-    jobs = [lambda v=v, s=s: job(v, s) for v, s in ((0, 0.2), (1, 0.01), (2, 0.05), (3, 0.01), (4, 0.01))]
+    jobs = [lambda v=v, s=s: job(v, s) for v, s in ((0, 1.0), (1, 0.01), (2, 0.05), (3, 0.01), (4, 0.01))]
     assert run_all(jobs, 2, lambda index, result: ended.append(index)) == [0, 1, 2, 3, 4]
     assert most[0] == 2
     assert sorted(ended) == [0, 1, 2, 3, 4]
@@ -90,6 +90,8 @@ def test_a_launch_whose_port_was_taken_runs_again_on_another(tmp_path: Path, mon
     monkeypatch.setattr(launch, "_run_in_session", run)
     launched = launch.launch("some.worker", {}, tmp_path, tmp_path / "out", 2, 10.0)
     assert launched.returncode == 0
+    assert launched.attempts == 2
+    assert (tmp_path / "out" / "launcher.port-taken.log").read_text(encoding="utf-8").startswith("name: EADDRINUSE")
     ports = [next(arg for arg in command if arg.startswith("--master-port=")) for command in attempts]
     assert len(ports) == 2
     assert ports[0] != ports[1]
@@ -145,3 +147,30 @@ def test_the_main_job_runs_at_4_ranks_the_bad_inputs_whose_outcome_can_depend_on
         (case.name, ranks) for case in FAULT_CASES for ranks in (2, 4)
     }
     assert {r for _, r in fault_runs(fast=True, sweep=False)} == {2}
+
+
+def test_an_interrupted_pool_stops_every_launch_and_starts_no_other() -> None:
+    started: list[int] = []
+    stopped = threading.Event()
+
+    def job(index: int) -> int:
+        started.append(index)
+        if index:
+            stopped.wait(5)  # a launch running until `stop` kills it
+        return index
+
+    def done(index: int, result: int) -> None:
+        raise KeyboardInterrupt  # Ctrl-C reaches the main thread, which reports the runs as they end
+
+    with pytest.raises(KeyboardInterrupt):
+        run_all([lambda i=i: job(i) for i in range(4)], 2, done, stopped.set)
+    assert stopped.is_set()
+    assert 0 in started
+    assert set(started) <= {0, 1}  # the one beside it, if it had started; no other
+
+
+def test_a_stopped_harness_refuses_new_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "_STOPPING", threading.Event())
+    launch.stop_every_launch()
+    with pytest.raises(launch.LaunchesStoppedError, match="every launch was stopped"):
+        launch.launch("some.worker", {}, tmp_path, tmp_path / "out", 2, 10.0)

@@ -8,7 +8,7 @@ import json
 import math
 import mmap
 import struct
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from unittest import mock
 
@@ -77,6 +77,9 @@ def test_a_rank_s_share_holds_its_experts_whole_and_a_partition_of_every_other_t
     by_name = {span.name: span for span in spans}
     assert expert_owners(spans, 2) == {name: int(name.split(".")[5]) // 2 for name in per_expert}
     assert expert_owners(spans, 3) == {}  # 4 experts over 3 ranks: partitions cut through an expert
+    gap = [span for span in spans if ".experts.3." not in span.name]
+    renamed = [replace(span, name=span.name.replace(".experts.2.", ".experts.4.")) for span in gap]
+    assert expert_owners(renamed, 1) == {}  # numbered 0, 1, 4: whose block each is cannot be told
     for world in (1, 2, 4):
         shares = [share(spans, rank, world) for rank in range(world)]
         assert sum(end - start for ranges in shares for _, start, end in ranges) == spans[-1].end - spans[0].start

@@ -51,7 +51,6 @@ def _cases() -> tuple[FaultCase, ...]:
             "enable_expert_parallel=True alone",
             layout=EPLayout.DEPRECATED_FLAG,
             warning="resolves to ep_size=1: the experts are not sharded",
-            same_at_any_world_size=True,
         ),
         FaultCase(
             "user device_map='auto' with EP",

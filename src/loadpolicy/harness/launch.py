@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import json
 import os
@@ -123,21 +124,53 @@ def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: flo
     return code
 
 
+class LaunchesStoppedError(RuntimeError):
+    """A launch asked for after `stop_every_launch` (an interrupted validation)."""
+
+
+_SESSIONS: set[int] = set()  # the process groups of the launches running now
+_SESSIONS_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def stop_every_launch() -> None:
+    """Kill the process group of every launch running (launcher and ranks) and refuse new ones: an interrupted run must
+    not leave ranks behind, nor start the next launch of a case."""
+    _STOPPING.set()
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS)
+    for session in sessions:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session, signal.SIGKILL)
+
+
 def _run_in_session(command: list[str], env: dict[str, str], log: Path, timeout: float) -> tuple[int | None, bool]:
     """Run `command` in its own session; on timeout kill the whole group (launcher and ranks). Returns the exit code
     (None on timeout) and whether processes of the session outlived the launcher (killed since)."""
+    if _STOPPING.is_set():
+        raise LaunchesStoppedError(f"not started, every launch was stopped: {' '.join(command[:6])}")
     with (
         log.open("w", encoding="utf-8") as handle,
         subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True) as proc,
     ):
+        with _SESSIONS_LOCK:
+            _SESSIONS.add(proc.pid)
         try:
-            code: int | None = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        left_running = code is not None and _session_alive(proc.pid)
-        if code is None or left_running:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            try:
+                code: int | None = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            left_running = code is not None and _session_alive(proc.pid)
+            if code is None or left_running:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        except BaseException:  # interrupted: the launcher and its ranks go with this process
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            with _SESSIONS_LOCK:
+                _SESSIONS.discard(proc.pid)
         return code, left_running
 
 
@@ -171,6 +204,7 @@ class Launched:
     returncode: int | None
     seconds: float
     left_running: bool
+    attempts: int = 1  # 2 when another process took the first attempt's port (launcher.port-taken.log)
 
     @property
     def timed_out(self) -> bool:
@@ -206,9 +240,13 @@ def launch(
         launcher = Launcher.TORCHRUN
     start = time.monotonic()
     code, left_running = _launch_once(worker, launcher, ranks, tree, out, timeout, env)
-    if _port_taken(out, code):
-        code, left_running = _launch_once(worker, launcher, ranks, tree, out, timeout, env)
-    return Launched(tree, out, ranks, timeout, code, time.monotonic() - start, left_running)
+    attempts = 1
+    if _port_taken(out, code):  # its log kept; the launch's bound covers both attempts
+        (out / "launcher.log").rename(out / "launcher.port-taken.log")
+        left = max(1.0, timeout - (time.monotonic() - start))
+        code, left_running = _launch_once(worker, launcher, ranks, tree, out, left, env)
+        attempts = 2
+    return Launched(tree, out, ranks, timeout, code, time.monotonic() - start, left_running, attempts)
 
 
 def _launch_once(

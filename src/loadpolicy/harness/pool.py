@@ -14,10 +14,16 @@ from typing import TypeVar
 Result = TypeVar("Result")
 
 
-def run_all(jobs: Sequence[Callable[[], Result]], workers: int, done: Callable[[int, Result], None]) -> list[Result]:
+def run_all(
+    jobs: Sequence[Callable[[], Result]],
+    workers: int,
+    done: Callable[[int, Result], None],
+    stop: Callable[[], None] = lambda: None,
+) -> list[Result]:
     """Run every job, at most `workers` at once, in the order given; `done(index, result)` is called in this thread
     as each one ends (so in the order they end). Returns the results in the order of `jobs`. An exception of a job
-    (a bug of the harness, not a failed run: runs report their own failures) is raised once the running jobs end."""
+    (a bug of the harness, not a failed run: runs report their own failures) is raised once the running jobs end.
+    Interrupted (Ctrl-C), `stop()` ends the running jobs (their launches killed) and no other job starts."""
     if workers < 1:
         raise ValueError(f"workers={workers}: at least 1 launch must run at a time")
     results: dict[int, Result] = {}
@@ -25,20 +31,25 @@ def run_all(jobs: Sequence[Callable[[], Result]], workers: int, done: Callable[[
     pending = list(reversed(list(enumerate(jobs))))
     with ThreadPoolExecutor(workers) as pool:
         running: dict[Future[Result], int] = {}
-        while pending or running:
-            while pending and not errors and len(running) < workers:
-                index, job = pending.pop()
-                running[pool.submit(job)] = index
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                index = running.pop(future)
-                if (error := future.exception()) is not None:
-                    errors.append(error)  # start nothing new; the launches running end at their own bound
-                    continue
-                results[index] = future.result()
-                done(index, results[index])
-            if errors and not running:
-                break
+        try:
+            while pending or running:
+                while pending and not errors and len(running) < workers:
+                    index, job = pending.pop()
+                    running[pool.submit(job)] = index
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    index = running.pop(future)
+                    if (error := future.exception()) is not None:
+                        errors.append(error)  # start nothing new; the launches running end at their own bound
+                        continue
+                    results[index] = future.result()
+                    done(index, results[index])
+                if errors and not running:
+                    break
+        except BaseException:
+            stop()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if errors:
         raise errors[0]
     return [results[index] for index in range(len(jobs))]

@@ -10,10 +10,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loadpolicy.errors import positive_int
+from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.faults.cases import fault_runs
 from loadpolicy.faults.run import FaultOutcome, build_fault_checkpoints, run_fault
-from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments
+from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, stop_every_launch
 from loadpolicy.harness.pool import run_all
 from loadpolicy.matrix.cases import fast_matrix, full_matrix
 from loadpolicy.matrix.run import RunOutcome, prepare_matrix, run_scenario
@@ -60,6 +60,10 @@ def validate(
         print("backend: gloo on CPU (fewer than 2 GPUs visible)")
     # Side by side on a CPU machine (each launch leaves cores idle at start-up and while ranks wait on each other);
     # one at a time on GPUs, where every launch takes one GPU per rank
+    if jobs is not None and jobs > 1 and gpus >= 2:
+        raise CommandError(
+            f"--jobs {jobs} with {gpus} GPUs visible: launches side by side would share them; accepted with GPUs: 1"
+        )
     jobs = jobs or (1 if gpus >= 2 else 2)
     cases = PARITY_FAST if fast else PARITY_FULL if sweep else PARITY_MAIN
     variants = build_fault_checkpoints(checkpoints)
@@ -87,7 +91,9 @@ def validate(
         *(f"[{i}/{len(bad_inputs)}] bad input | {c.name} | torchrun x{r}" for i, (c, r) in enumerate(bad_inputs, 1)),
     ]
     started = time.monotonic()
-    results = run_all(work, jobs, lambda index, result: print(_line(labels[index], result), flush=True))
+    results = run_all(
+        work, jobs, lambda index, result: print(_line(labels[index], result), flush=True), stop_every_launch
+    )
     outcomes: list[RunOutcome] = results[: len(runs)]
     parities: list[ParityOutcome] = results[len(runs) : len(runs) + len(cases)]
     faults: list[FaultOutcome] = results[len(runs) + len(cases) :]

@@ -39,6 +39,10 @@ def rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
     return list(table.values())
 
 
+# a stock cell of a run the main job leaves to the sweep (stock at 4 ranks)
+NOT_RUN = "not run (the main job runs stock at 2 ranks; `tox -e multigpu-sweep` at 4)"
+
+
 def render_table(outcomes: list[RunOutcome]) -> str:
     header = f"{'scenario':<28} {'arch':<12} {'launcher':<10} {'ranks':>5}  {'stock':<18} {'patched':<18} time"
     lines = [header, "-" * len(header)]
@@ -123,7 +127,8 @@ def render_markdown(results: ValidationResults, command: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows(outcomes):
-        stock = f"{row.get('stock', '-')}: {row.get('stock_detail', '')}".replace("|", "/").replace("\n", " ")
+        ran = f"{row.get('stock', '-')}: {row.get('stock_detail', '')}" if "stock" in row else NOT_RUN
+        stock = ran.replace("|", "/").replace("\n", " ")
         patched = f"{row.get('patched', '-')}: {row.get('patched_detail', '')}".replace("|", "/").replace("\n", " ")
         lines.append(
             f"| {row['scenario']} | {row['arch']} | {row['launcher']} | {row['ranks']} | {stock[:160]} | "

@@ -61,16 +61,17 @@ _ONE_EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.(?P<expert>\d+)\.")
 def expert_owners(spans: list[TensorSpan], world: int) -> dict[str, int]:
     """The rank that holds each tensor stored per expert, by name: of E experts in a layer, rank r holds the experts
     `[r E/W, (r+1) E/W)` whole, both as expert parallelism over every rank shards them and as ZeRO-3 partitions the
-    stacked `[E, ...]` tensor that transformers merges them into. A layer whose E does not divide by the world is left
-    out (its stacked tensor's partitions cut through an expert)."""
+    stacked `[E, ...]` tensor that transformers merges them into. A layer whose experts are not numbered 0..E-1, or
+    whose E does not divide by the world, is left out (its stacked tensor's partitions cut through an expert)."""
     experts: dict[str, set[int]] = defaultdict(set)
     found = {span.name: match for span in spans if (match := _ONE_EXPERT.match(span.name))}
     for match in found.values():
         experts[match["layer"]].add(int(match["expert"]))
     owners = {}
     for name, match in found.items():
-        count = len(experts[match["layer"]])
-        if count % world == 0:
+        numbers = experts[match["layer"]]
+        count = len(numbers)
+        if numbers == set(range(count)) and count % world == 0:
             owners[name] = int(match["expert"]) * world // count
     return owners
 

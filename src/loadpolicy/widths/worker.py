@@ -1,6 +1,7 @@
 """One rank of a reader launch beside the real-width loads: `python -m loadpolicy.widths.worker SPEC OUT`.
 
-`pread` reads exactly this rank's share (its ZeRO-3 partition of every tensor, `ranges.share`) with plain `preadv`
+`pread` reads exactly this rank's share (the experts it holds whole, its ZeRO-3 partition of every other tensor:
+`ranges.share`) with plain `preadv`
 into one reused buffer: the cold-read limit a partition load is measured against. `pread-in-flight` reads the same
 share in chunks, several `preadv` in flight, as the patched partition reads do: the limit of this disk for a reader
 that keeps that many requests in flight. `pread-kept` reads them so into fresh anonymous memory, one mapping per
