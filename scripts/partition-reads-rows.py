@@ -5,7 +5,9 @@ it), then the loads that read partitions ("Zero3Init: partition reads", "EPMeta:
 dispatch") launched in turn, `--repeats` rounds, each from a cold page cache and judged as `loadpolicy dev widths`
 judges its rows (every parameter against the stock one-process load's fingerprints, logits within their bound), then
 both limits again (the faster read of each counts). With `--peer`, torch DCP's `HuggingFaceStorageReader` too, once a
-round before the loads (its blocks compared with the file's bytes), and each load's best beside DCP's. A row that
+round before the loads in each of two shardings (rows of every tensor over the ranks, DCP's own; and the loads', each
+expert's tensors whole on the rank that holds it), its blocks compared with the file's bytes, and each load's best
+beside DCP's. A row that
 fails its judge prints its error and counts for nothing; the exit status is 1 if any did.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 .tox/widths/bin/python scripts/partition-reads-rows.py \\
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
+from loadpolicy.widths.run import DCP_READERS, Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 
@@ -32,9 +34,9 @@ def _figure(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
-def _peer(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path, said: str) -> Row | None:
+def _peer(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path, said: str, reader: Reader) -> Row | None:
     """torch DCP's reader, judged by its blocks against the file's bytes; None (said) if it failed."""
-    peer = read_once(checkpoint, ranks, tree, where, 900, Reader.DCP)
+    peer = read_once(checkpoint, ranks, tree, where, 900, reader)
     if peer.error or peer.seconds is None:
         print(f"{said} {peer.way}: FAILED {peer.error}", flush=True)
         return None
@@ -56,12 +58,13 @@ def main(args: argparse.Namespace) -> int:
             kinds = (Reader.PREAD_IN_FLIGHT, Reader.PREAD_KEPT)
             first = [read_once(checkpoint, ranks, args.tree, where / kind, reader=kind) for kind in kinds]
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
-            peers: list[Row] = []
+            peers: dict[Reader, list[Row]] = {reader: [] for reader in DCP_READERS}
             for repeat in range(args.repeats):
-                if args.peer:
-                    peer = _peer(checkpoint, ranks, args.tree, where / f"dcp-{repeat}", f"{name} {ranks} {repeat}")
+                for reader in DCP_READERS if args.peer else ():
+                    said = f"{name} {ranks} {repeat}"
+                    peer = _peer(checkpoint, ranks, args.tree, where / f"{reader}-{repeat}", said, reader)
                     failed += peer is None
-                    peers += [peer] if peer else []
+                    peers[reader] += [peer] if peer else []
                 for case in cases:
                     row = load_once(checkpoint, case, ranks, args.tree, where / f"{case.label}-{repeat}", 900)
                     if row.error or row.seconds is None or row.peak_over_ideal is None:
@@ -90,13 +93,17 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     print(f"{name} {ranks} {limit.way}: {limit.seconds:.2f} s, CPU {_figure(limit.cpu_seconds)} s")
             limit, kept = (row.seconds if not row.error else None for row in limits)
-            dcp = min((row.seconds or math.nan for row in peers), default=math.nan)
+            dcp, dcp_experts = (
+                min((row.seconds or math.nan for row in peers[r]), default=math.nan) for r in DCP_READERS
+            )
             for label, done in rows.items():
                 best = min((row.seconds or math.nan for row in done), default=math.nan)
                 peak = max((row.peak_over_ideal or math.nan for row in done), default=math.nan)
                 reading = min((row.reading_seconds or math.nan for row in done), default=math.nan)
                 ahead = (
                     f" | DCP {dcp:.2f} s: {dcp / best:.2f}x as long as the load, {dcp / reading:.2f}x as its reads"
+                    f" | DCP, experts whole {dcp_experts:.2f} s: {dcp_experts / best:.2f}x, "
+                    f"{dcp_experts / reading:.2f}x"
                     if args.peer
                     else ""
                 )

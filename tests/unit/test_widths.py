@@ -23,6 +23,7 @@ from loadpolicy.widths.run import (
     LIMIT_IN_FLIGHT,
     LIMIT_KEPT,
     PEER,
+    PEER_EXPERTS,
     Row,
     goals,
     load_row,
@@ -146,8 +147,11 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
     met = goals([limit, load, peer])
     assert met == [
         "- s x2, EPMeta: partition reads: 1.20x the limit (met); -x the limit with 4 in flight; -x the limit into "
-        "memory kept; peak 1.000x ideal (met); 2.00x faster than DCP; -x faster than stock zero.Init"
+        "memory kept; peak 1.000x ideal (met); 2.00x faster than DCP; -x faster than DCP into the same sharding; -x "
+        "faster than stock zero.Init"
     ]
+    same_sharding = Row("s", 2, PEER_EXPERTS, 1.0, seconds=2.4)
+    assert "; 0.80x faster than DCP into the same sharding;" in goals([limit, load, peer, same_sharding])[0]
     missing = goals([load, Row("s", 2, "Zero3Init: partition reads", 1.0, seconds=3.0)])
     assert missing[0].startswith("- s x2, EPMeta: partition reads: -x the limit (missed); -x the limit with 4")
     assert "peak -x ideal (missed)" in missing[1]
@@ -218,8 +222,10 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
 
     from loadpolicy.widths import worker
 
+    expert = "model.layers.0.mlp.experts.0.w1.weight"
     tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
-    save_file({"a": tensors["a"]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    tensors[expert] = torch.randn(4, 2).to(torch.bfloat16)
+    save_file({"a": tensors["a"], expert: tensors[expert]}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
     spans = read_spans(tmp_path)
     assert worker._pread(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
@@ -234,9 +240,18 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
         state, _ = worker._row_sharded_state(spans, 1)
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
         assert torch.equal(state["a"].to_local(), tensors["a"])
-        assert worker._compare_with_file(state, spans) == (2, [])
+        assert worker._compare_with_file(state, spans) == (3, [])
         state["b"].to_local()[3] += 1
-        assert worker._compare_with_file(state, spans) == (2, ["b: rows from 0 differ from the file's"])
+        assert worker._compare_with_file(state, spans) == (3, ["b: rows from 0 differ from the file's"])
+        # the loads' sharding: the expert's tensor whole, a plain tensor on the rank that holds the expert
+        state, _ = worker._row_sharded_state(spans, 1, experts_whole_on=0)
+        assert not hasattr(state[expert], "to_local")
+        dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
+        assert torch.equal(state[expert], tensors[expert])
+        assert worker._compare_with_file(state, spans) == (3, [])
+        state[expert][1, 1] += 1
+        assert worker._compare_with_file(state, spans) == (3, [f"{expert}: differs from the file's"])
+        assert worker._row_sharded_state(spans, 1, experts_whole_on=1)[0].keys() == {"a", "b"}  # another rank's
     finally:
         torch.distributed.destroy_process_group()
 

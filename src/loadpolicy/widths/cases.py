@@ -21,8 +21,11 @@ class Reader(enum.StrEnum):
     # the same, each chunk read into memory allocated for it and kept until the end, as a load keeps what it reads:
     # the limit for a reader that owns its bytes (here faulting in fresh pages can cost as much as the reads)
     PREAD_KEPT = "pread-kept"
-    # torch DCP's HuggingFaceStorageReader into row-sharded DTensors: the peer
+    # torch DCP's HuggingFaceStorageReader into row-sharded DTensors: the peer, in the sharding it is built for
     DCP = "dcp"
+    # the same reader into the loads' sharding: each expert's tensors whole on the rank that holds the expert (a plain
+    # tensor in that rank's state dict alone), every other tensor row-sharded: the same bytes per rank as the loads
+    DCP_EXPERTS = "dcp-experts"
 
 
 _BY_LABEL = {case.label: case for case in CASES}

@@ -23,3 +23,4 @@ class ReaderMeasurement(TypedDict):
     # tensors whose bytes this rank compared with a plain read of the file (0 for the pread limit, which keeps none)
     checked: int
     value_problems: list[str]
+    held: NotRequired[int]  # DCP: the tensors in this rank's state dict (every one, unless experts are held whole)

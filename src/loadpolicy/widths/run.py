@@ -45,12 +45,15 @@ LIMIT = "limit: pread of each rank's share"
 LIMIT_IN_FLIGHT = "limit: pread of each rank's share, 4 in flight"
 LIMIT_KEPT = "limit: pread of each rank's share, 4 in flight, into memory it keeps"
 PEER = "DCP HuggingFaceStorageReader (peer)"
+PEER_EXPERTS = "DCP HuggingFaceStorageReader, experts whole on their rank (peer)"
 WAY_OF_READER = {
     Reader.PREAD: LIMIT,
     Reader.PREAD_IN_FLIGHT: LIMIT_IN_FLIGHT,
     Reader.PREAD_KEPT: LIMIT_KEPT,
     Reader.DCP: PEER,
+    Reader.DCP_EXPERTS: PEER_EXPERTS,
 }
+DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
 LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 # the size guard: a checkpoint larger than this (GiB) is refused
 MAX_GIB = 8.0
@@ -170,11 +173,11 @@ def reader_row(
     problems = []
     if sum(r["share_bytes"] for r in results) != total:
         problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
-    if reader is Reader.DCP:
+    if reader in DCP_READERS:
         problems += [
-            f"rank {r['rank']} compared {r['checked']} of {tensors} tensors"
+            f"rank {r['rank']} compared {r['checked']} of {r.get('held', tensors)} tensors"
             for r in results
-            if r["checked"] != tensors
+            if r["checked"] != r.get("held", tensors) or (reader is Reader.DCP and r["checked"] != tensors)
         ]
         problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
     if problems:
@@ -186,7 +189,7 @@ def reader_row(
         peak_gib=peak / GIB,
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
-        checked=min(r["checked"] for r in results) if reader is Reader.DCP else 0,
+        checked=min(r["checked"] for r in results) if reader in DCP_READERS else 0,
         cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
     )
 
@@ -257,7 +260,7 @@ def _read_every_way(
         else:
             rows.append(load_once(checkpoint, case, count, tree, where, timeout))
         print(render_markdown(rows[-1:], header=False), end="", flush=True)
-    rows.append(reader(Reader.DCP, out / "dcp"))
+    rows += [reader(peer, out / str(peer)) for peer in DCP_READERS]
     # this disk's read speed drifts within a run: a limit is read before and after the other ways (after them in the
     # reverse order, so that both limits sit alike around the loads), the faster counts
     again = [reader(kind, out / f"{kind}-again") for kind in reversed(limits)][::-1]
@@ -415,6 +418,7 @@ def goals(rows: list[Row]) -> list[str]:
         if r.way not in PARTITION_READS:
             continue
         limit, peer = by_key.get((r.shape, r.ranks, LIMIT)), by_key.get((r.shape, r.ranks, PEER))
+        peer_experts = by_key.get((r.shape, r.ranks, PEER_EXPERTS))
         stock = by_key.get((r.shape, r.ranks, "Zero3Init (stock)"))
         over = _over(r, limit)
         verdicts = [
@@ -423,6 +427,7 @@ def goals(rows: list[Row]) -> list[str]:
             f"{_figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_KEPT))))}x the limit into memory kept",
             f"peak {_figure(r.peak_over_ideal, 3)}x ideal ({'met' if _le(r.peak_over_ideal, 1.05) else 'missed'})",
             f"{_figure(_over(peer, r))}x faster than DCP",
+            f"{_figure(_over(peer_experts, r))}x faster than DCP into the same sharding",
             f"{_figure(_over(stock, r))}x faster than stock zero.Init",
         ]
         lines.append(f"- {r.shape} x{r.ranks}, {r.way}: " + "; ".join(verdicts))

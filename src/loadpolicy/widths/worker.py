@@ -25,7 +25,7 @@ from typing import Any
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
-from loadpolicy.widths.ranges import TensorSpan, read_spans, share
+from loadpolicy.widths.ranges import TensorSpan, expert_owners, read_spans, share
 
 
 BUFFER = 64 << 20
@@ -90,18 +90,27 @@ def _pread_kept(ranges: list[tuple[Path, int, int]]) -> int:
     return _pread_in_flight(ranges, _KEPT)
 
 
-def _row_sharded_state(spans: list[TensorSpan], world: int) -> tuple[dict[str, Any], Any]:
-    """Empty DTensors sharded by rows over the world, one per tensor of the checkpoint (0-d ones replicated)."""
+def _row_sharded_state(
+    spans: list[TensorSpan], world: int, experts_whole_on: int | None = None
+) -> tuple[dict[str, Any], Any]:
+    """Empty DTensors sharded by rows over the world, one per tensor of the checkpoint (0-d ones replicated). With
+    `experts_whole_on` (this rank), a tensor stored per expert is instead a plain tensor of its whole shape in the
+    state of the rank that holds the expert (`ranges.expert_owners`), and absent from the others'."""
     import torch  # noqa: PLC0415
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
     from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
     mesh = init_device_mesh("cpu", (world,))
+    owners = {} if experts_whole_on is None else expert_owners(spans, world)
     state: dict[str, Any] = {}
     for span in spans:
         if span.dtype not in _DTYPES:
             raise ValueError(f"{span.name}: dtype {span.dtype} is not one of {sorted(_DTYPES)}")
+        if span.name in owners:
+            if owners[span.name] == experts_whole_on:
+                state[span.name] = torch.empty(span.shape, dtype=getattr(torch, _DTYPES[span.dtype]))
+            continue
         placements = [Shard(0)] if span.shape else [Replicate()]
         local_shape, _ = compute_local_shape_and_global_offset(span.shape, mesh, placements)
         local = torch.empty(local_shape, dtype=getattr(torch, _DTYPES[span.dtype]))
@@ -118,8 +127,16 @@ def _compare_with_file(state: dict[str, Any], spans: list[TensorSpan]) -> tuple[
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
     problems = []
-    for span in spans:
+    held = [span for span in spans if span.name in state]
+    for span in held:
         tensor = state[span.name]
+        if not hasattr(tensor, "to_local"):  # an expert's tensor held whole
+            expected = torch.frombuffer(
+                bytearray(_read(span.file, span.start, span.end - span.start)), dtype=torch.uint8
+            )
+            if not torch.equal(tensor.contiguous().reshape(-1).view(torch.uint8), expected):
+                problems.append(f"{span.name}: differs from the file's")
+            continue
         local = tensor.to_local().contiguous()
         _, offset = compute_local_shape_and_global_offset(span.shape, tensor.device_mesh, tensor.placements)
         row = (span.end - span.start) // span.shape[0] if span.shape else span.end - span.start
@@ -129,7 +146,7 @@ def _compare_with_file(state: dict[str, Any], spans: list[TensorSpan]) -> tuple[
         )
         if not torch.equal(local.reshape(-1).view(torch.uint8), expected):
             problems.append(f"{span.name}: rows from {offset[0] if span.shape else 0} differ from the file's")
-    return len(spans), problems
+    return len(held), problems
 
 
 def _read(file: Path, start: int, size: int) -> bytes:
@@ -142,6 +159,11 @@ def _read(file: Path, start: int, size: int) -> bytes:
 
 
 _PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight, "pread-kept": _pread_kept}
+_DCP_READERS = ("dcp", "dcp-experts")
+
+
+def _local(tensor: Any) -> Any:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
@@ -156,19 +178,20 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     this.stage("init_distributed")
     torch.distributed.init_process_group("gloo")
     state: dict[str, Any] = {}
-    if spec["reader"] == "dcp":
-        state, _ = _row_sharded_state(spans, this.world_size)
+    if spec["reader"] in _DCP_READERS:
+        whole_on = this.rank if spec["reader"] == "dcp-experts" else None
+        state, _ = _row_sharded_state(spans, this.world_size, whole_on)
     elif spec["reader"] not in _PREADS:
-        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(['dcp', *_PREADS])}")
+        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted([*_DCP_READERS, *_PREADS])}")
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
     before, io_before = memory_status(), io_counters()
     this.stage(f"read ({spec['reader']})")
     start, cpu_start = time.perf_counter(), time.process_time()
     with PeakSampler() as sampler:
-        if spec["reader"] == "dcp":
+        if spec["reader"] in _DCP_READERS:
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
-            share_bytes = sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
+            share_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
         else:
             share_bytes = _PREADS[spec["reader"]](ranges)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -193,6 +216,7 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
         "peak_total": max(sampler.peak["total"], peak_hwm),
         "checked": checked,
         "value_problems": problems,
+        "held": len(state),
     }
 
 
