@@ -196,8 +196,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     reading = _time_partition_reads()
     torch.distributed.barrier()  # every rank starts loading together
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
-    before = memory_status()
-    io_before = io_counters()
+    before, io_before = memory_status(), io_counters()
     start, cpu_start = time.perf_counter(), time.process_time()
     this.stage("from_pretrained")
     with PeakSampler() as sampler:

@@ -86,6 +86,12 @@ def _cases() -> tuple[FaultCase, ...]:
             ".layers.0.mlp.experts.gate_up_proj'] are built from: model.layers.0.mlp.experts.3.down_proj.weight, model"
             ".layers.0.mlp.experts.3.gate_proj",
         ),
+    )
+
+
+def _cases_of_a_rank_that_dies_or_differs() -> tuple[FaultCase, ...]:
+    """The cases where one rank is killed, or holds ZeRO-3 alone, or the config comes only after loading."""
+    return (
         FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
         *(
             FaultCase(
@@ -108,7 +114,7 @@ def _cases() -> tuple[FaultCase, ...]:
     )
 
 
-FAULT_CASES = _cases()
+FAULT_CASES = (*_cases(), *_cases_of_a_rank_that_dies_or_differs())
 
 
 def fault_runs(*, fast: bool, sweep: bool) -> list[tuple[FaultCase, int]]:

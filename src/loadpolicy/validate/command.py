@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.faults.cases import fault_runs
@@ -58,20 +57,14 @@ def validate(
         print(f"backend: nccl, {gpus} GPUs visible; skipping {len(skipped)} runs that need more ranks than GPUs")
     else:
         print("backend: gloo on CPU (fewer than 2 GPUs visible)")
-    # Side by side on a CPU machine (each launch leaves cores idle at start-up and while ranks wait on each other);
-    # one at a time on GPUs, where every launch takes one GPU per rank
-    if jobs is not None and jobs > 1 and gpus >= 2:
-        raise CommandError(
-            f"--jobs {jobs} with {gpus} GPUs visible: launches side by side would share them; accepted with GPUs: 1"
-        )
-    jobs = jobs or (1 if gpus >= 2 else 2)
+    jobs = _side_by_side(jobs, gpus)
     cases = PARITY_FAST if fast else PARITY_FULL if sweep else PARITY_MAIN
     variants = build_fault_checkpoints(checkpoints)
     bad_inputs = fault_runs(fast=fast, sweep=sweep)
     print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
     references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
     tree = trees[Tree.PATCHED]
-    work: list[Callable[[], Any]] = [
+    work: list[Callable[[], RunOutcome | ParityOutcome | FaultOutcome]] = [
         *(
             partial(run_scenario, run, trees, checkpoints, out / "runs" / f"{i:03d}", timeout)
             for i, run in enumerate(runs, 1)
@@ -94,19 +87,34 @@ def validate(
     results = run_all(
         work, jobs, lambda index, result: print(_line(labels[index], result), flush=True), stop_every_launch
     )
-    outcomes: list[RunOutcome] = results[: len(runs)]
-    parities: list[ParityOutcome] = results[len(runs) : len(runs) + len(cases)]
-    faults: list[FaultOutcome] = results[len(runs) + len(cases) :]
-    print(render_table(outcomes))
-    print(render_parity(parities))
-    print(render_faults(faults))
-    report = ValidationResults(outcomes, parities, faults)
+    report = _report(results, len(runs), len(cases))
     write_json(report, out / "report.json")
     (out / "report.md").write_text(render_markdown(report, command), encoding="utf-8")
     unexpected = report.unexpected()
     print(f"\n{len(work)} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
     return 1 if unexpected else 0
+
+
+def _side_by_side(jobs: int | None, gpus: int) -> int:
+    """Launches at a time: side by side on a CPU machine (each leaves cores idle at start-up and while ranks wait on
+    each other); one at a time on GPUs, where every launch takes one GPU per rank."""
+    if jobs is not None and jobs > 1 and gpus >= 2:
+        raise CommandError(
+            f"--jobs {jobs} with {gpus} GPUs visible: launches side by side would share them; accepted with GPUs: 1"
+        )
+    return jobs or (1 if gpus >= 2 else 2)
+
+
+def _report(results: list[RunOutcome | ParityOutcome | FaultOutcome], runs: int, cases: int) -> ValidationResults:
+    """The loads, training cases and bad inputs of `results` (in that order), printed as tables."""
+    outcomes = [r for r in results[:runs] if isinstance(r, RunOutcome)]
+    parities = [r for r in results[runs : runs + cases] if isinstance(r, ParityOutcome)]
+    faults = [r for r in results[runs + cases :] if isinstance(r, FaultOutcome)]
+    print(render_table(outcomes))
+    print(render_parity(parities))
+    print(render_faults(faults))
+    return ValidationResults(outcomes, parities, faults)
 
 
 def _line(label: str, result: RunOutcome | ParityOutcome | FaultOutcome) -> str:
