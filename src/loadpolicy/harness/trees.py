@@ -43,6 +43,11 @@ def compile_tree(src: Path) -> None:
         raise RuntimeError(f"could not compile every module under {src}")
 
 
+def extensions_dir(out: Path) -> Path:
+    """Where torch builds extensions for this run (TORCH_EXTENSIONS_DIR, set here unless the environment has it)."""
+    return Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(out.resolve() / "torch_extensions")))
+
+
 def prebuild_deepspeed_ops(out: Path) -> None:
     """Build DeepSpeed's CPU communication op once, here, before any rank needs it.
 
@@ -50,7 +55,7 @@ def prebuild_deepspeed_ops(out: Path) -> None:
     timeout, a killed-rank case) leaves the lock behind and every later launch waits on it until its bound. With no
     rank running yet, a lock found here is stale.
     """
-    extensions = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(out.resolve() / "torch_extensions")))
+    extensions = extensions_dir(out)
     for stale in extensions.rglob("lock"):
         stale.unlink()
     from deepspeed.comm.torch import build_shm_op  # noqa: PLC0415  # the orchestrator imports DeepSpeed only here

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from loadpolicy.harness.launch import Tree, launch
 from loadpolicy.harness.rank import raised_at
-from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy.harness.trees import extensions_dir, prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.matrix.cases import SCENARIOS, Run
 from loadpolicy.matrix.contract import LoadCheck, MatrixCase, MatrixSpec, RankReport
 from loadpolicy.policy import LoadingBranch, PolicyName
@@ -227,10 +228,16 @@ def _unequal_problems(result: LoadCheck, field: Literal["gathered_unequal", "den
 def prepare_matrix(out: Path, patches: Path, cache: Path, timeout: float) -> tuple[dict[Tree, Path], Path]:
     """Both trees, DeepSpeed's CPU op, every scenario's tiny checkpoint and the stock tree's reference of each."""
     trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
-    checkpoints = out.resolve() / "checkpoints"
-    for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
-        build_checkpoint(arch, checkpoints)
-    pairs = {(a, spec.bnb_8bit) for spec in SCENARIOS.values() for a in spec.archs}
-    build_references(pairs, checkpoints, trees[Tree.STOCK], timeout)
+    extensions_dir(out)  # in the environment before the op's build and the references' process start
+    import deepspeed.comm.torch  # noqa: F401, PLC0415  # imported in this thread: the build runs in another
+
+    # the op compiles in processes of its own while the checkpoints and references are built
+    with ThreadPoolExecutor(1) as pool:
+        op = pool.submit(prebuild_deepspeed_ops, out)
+        checkpoints = out.resolve() / "checkpoints"
+        for arch in sorted({a for spec in SCENARIOS.values() for a in spec.archs}):
+            build_checkpoint(arch, checkpoints)
+        pairs = {(a, spec.bnb_8bit) for spec in SCENARIOS.values() for a in spec.archs}
+        build_references(pairs, checkpoints, trees[Tree.STOCK], timeout)
+        op.result()
     return trees, checkpoints
