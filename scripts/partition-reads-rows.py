@@ -22,8 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import DCP_READERS, Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
+from loadpolicy.widths.cases import DCP_READERS, LOADS, PARTITION_READS, Reader
+from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
 from loadpolicy.widths.shapes import SHAPES_BY_NAME
 
 

@@ -237,21 +237,21 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
     try:
         import torch.distributed.checkpoint as dcp
 
-        state, _ = worker._row_sharded_state(spans, 1)
+        state, _ = worker._dcp_destination(spans, 1)
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
         assert torch.equal(state["a"].to_local(), tensors["a"])
         assert worker._compare_with_file(state, spans) == (3, [])
         state["b"].to_local()[3] += 1
         assert worker._compare_with_file(state, spans) == (3, ["b: rows from 0 differ from the file's"])
         # the loads' sharding: the expert's tensor whole, a plain tensor on the rank that holds the expert
-        state, _ = worker._row_sharded_state(spans, 1, experts_whole_on=0)
+        state, _ = worker._dcp_destination(spans, 1, experts_whole_on=0)
         assert not hasattr(state[expert], "to_local")
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
         assert torch.equal(state[expert], tensors[expert])
         assert worker._compare_with_file(state, spans) == (3, [])
         state[expert][1, 1] += 1
         assert worker._compare_with_file(state, spans) == (3, [f"{expert}: differs from the file's"])
-        assert worker._row_sharded_state(spans, 1, experts_whole_on=1)[0].keys() == {"a", "b"}  # another rank's
+        assert worker._dcp_destination(spans, 1, experts_whole_on=1)[0].keys() == {"a", "b"}  # another rank's
     finally:
         torch.distributed.destroy_process_group()
 

@@ -33,19 +33,18 @@ def run_all(
         running: dict[Future[Result], int] = {}
         try:
             while pending or running:
-                while pending and not errors and len(running) < workers:
+                while pending and len(running) < workers:
                     index, job = pending.pop()
                     running[pool.submit(job)] = index
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     index = running.pop(future)
                     if (error := future.exception()) is not None:
-                        errors.append(error)  # start nothing new; the launches running end at their own bound
+                        errors.append(error)
+                        pending.clear()  # start nothing new; the launches running end at their own bound
                         continue
                     results[index] = future.result()
                     done(index, results[index])
-                if errors and not running:
-                    break
         except BaseException:
             stop()
             pool.shutdown(wait=False, cancel_futures=True)

@@ -10,13 +10,13 @@ from functools import partial
 from pathlib import Path
 
 from loadpolicy.errors import CommandError, positive_int
-from loadpolicy.faults.cases import fault_runs
+from loadpolicy.faults.cases import FaultCase, fault_runs
 from loadpolicy.faults.run import FaultOutcome, build_fault_checkpoints, run_fault
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, stop_every_launch
 from loadpolicy.harness.pool import run_all
-from loadpolicy.matrix.cases import fast_matrix, full_matrix
+from loadpolicy.matrix.cases import Run, fast_matrix, full_matrix
 from loadpolicy.matrix.run import RunOutcome, prepare_matrix, run_scenario
-from loadpolicy.parity.cases import PARITY_FAST, PARITY_FULL, PARITY_MAIN
+from loadpolicy.parity.cases import PARITY_FAST, PARITY_FULL, PARITY_MAIN, ParityCase
 from loadpolicy.parity.run import ParityOutcome, run_parity
 from loadpolicy.validate.architectures import run_architectures
 from loadpolicy.validate.report import (
@@ -62,38 +62,59 @@ def validate(
     variants = build_fault_checkpoints(checkpoints)
     bad_inputs = fault_runs(fast=fast, sweep=sweep)
     print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
-    references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
-    tree = trees[Tree.PATCHED]
-    work: list[Callable[[], RunOutcome | ParityOutcome | FaultOutcome]] = [
-        *(
-            partial(run_scenario, run, trees, checkpoints, out / "runs" / f"{i:03d}", timeout)
-            for i, run in enumerate(runs, 1)
-        ),
-        *(
-            partial(run_parity, case, trees, checkpoints, out / "parity" / f"{i:03d}", timeout, references)
-            for i, case in enumerate(cases, 1)
-        ),
-        *(
-            partial(run_fault, case, ranks, tree, variants, out / "faults" / f"{i:03d}")
-            for i, (case, ranks) in enumerate(bad_inputs, 1)
-        ),
-    ]
-    labels = [
-        *(f"[{i}/{len(runs)}] {run.label}" for i, run in enumerate(runs, 1)),
-        *(f"[{i}/{len(cases)}] {case.label}" for i, case in enumerate(cases, 1)),
-        *(f"[{i}/{len(bad_inputs)}] bad input | {c.name} | torchrun x{r}" for i, (c, r) in enumerate(bad_inputs, 1)),
-    ]
+    work = _launches(runs, cases, bad_inputs, trees, checkpoints, variants, out, timeout)
     started = time.monotonic()
     results = run_all(
-        work, jobs, lambda index, result: print(_line(labels[index], result), flush=True), stop_every_launch
+        [job for _, job in work],
+        jobs,
+        lambda index, result: print(_line(work[index][0], result), flush=True),
+        stop_every_launch,
     )
-    report = _report(results, len(runs), len(cases))
+    report = _report(results)
     write_json(report, out / "report.json")
     (out / "report.md").write_text(render_markdown(report, command), encoding="utf-8")
     unexpected = report.unexpected()
     print(f"\n{len(work)} runs in {time.monotonic() - started:.0f}s; {len(unexpected)} not as expected")
     print(f"report: {out / 'report.md'}, figures: {out / 'report.json'}", file=sys.stderr)
     return 1 if unexpected else 0
+
+
+def _launches(
+    runs: list[Run],
+    cases: tuple[ParityCase, ...],
+    bad_inputs: list[tuple[FaultCase, int]],
+    trees: dict[Tree, Path],
+    checkpoints: Path,
+    variants: dict[str, Path],
+    out: Path,
+    timeout: float,
+) -> list[tuple[str, Callable[[], RunOutcome | ParityOutcome | FaultOutcome]]]:
+    """(label, launch) of every load, training case and bad input, in that order."""
+    references: dict[str, Path] = {}  # one-process references, shared by the cases that train the same way
+    tree = trees[Tree.PATCHED]
+    return [
+        *(
+            (
+                f"[{i}/{len(runs)}] {run.label}",
+                partial(run_scenario, run, trees, checkpoints, out / "runs" / f"{i:03d}", timeout),
+            )
+            for i, run in enumerate(runs, 1)
+        ),
+        *(
+            (
+                f"[{i}/{len(cases)}] {case.label}",
+                partial(run_parity, case, trees, checkpoints, out / "parity" / f"{i:03d}", timeout, references),
+            )
+            for i, case in enumerate(cases, 1)
+        ),
+        *(
+            (
+                f"[{i}/{len(bad_inputs)}] bad input | {case.name} | torchrun x{ranks}",
+                partial(run_fault, case, ranks, tree, variants, out / "faults" / f"{i:03d}"),
+            )
+            for i, (case, ranks) in enumerate(bad_inputs, 1)
+        ),
+    ]
 
 
 def _side_by_side(jobs: int | None, gpus: int) -> int:
@@ -106,11 +127,11 @@ def _side_by_side(jobs: int | None, gpus: int) -> int:
     return jobs or (1 if gpus >= 2 else 2)
 
 
-def _report(results: list[RunOutcome | ParityOutcome | FaultOutcome], runs: int, cases: int) -> ValidationResults:
-    """The loads, training cases and bad inputs of `results` (in that order), printed as tables."""
-    outcomes = [r for r in results[:runs] if isinstance(r, RunOutcome)]
-    parities = [r for r in results[runs : runs + cases] if isinstance(r, ParityOutcome)]
-    faults = [r for r in results[runs + cases :] if isinstance(r, FaultOutcome)]
+def _report(results: list[RunOutcome | ParityOutcome | FaultOutcome]) -> ValidationResults:
+    """The loads, training cases and bad inputs of `results`, printed as tables."""
+    outcomes = [r for r in results if isinstance(r, RunOutcome)]
+    parities = [r for r in results if isinstance(r, ParityOutcome)]
+    faults = [r for r in results if isinstance(r, FaultOutcome)]
     print(render_table(outcomes))
     print(render_parity(parities))
     print(render_faults(faults))

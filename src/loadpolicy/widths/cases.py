@@ -28,6 +28,9 @@ class Reader(enum.StrEnum):
     DCP_EXPERTS = "dcp-experts"
 
 
+DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
+
+
 _BY_LABEL = {case.label: case for case in CASES}
 LOADS: tuple[Case, ...] = (
     _BY_LABEL["Zero3Init (stock)"],

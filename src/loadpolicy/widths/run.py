@@ -35,7 +35,7 @@ from loadpolicy.harness.rank import Contract
 from loadpolicy.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy.units import GIB
 from loadpolicy.widths.calibrate import calibrate_widths
-from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader, has_autoep_preset
+from loadpolicy.widths.cases import DCP_READERS, LOADS, PARTITION_READS, Reader, has_autoep_preset
 from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy.widths.ranges import read_spans
 from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
@@ -53,7 +53,6 @@ WAY_OF_READER = {
     Reader.DCP: PEER,
     Reader.DCP_EXPERTS: PEER_EXPERTS,
 }
-DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
 LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 # the size guard: a checkpoint larger than this (GiB) is refused
 MAX_GIB = 8.0
@@ -174,10 +173,13 @@ def reader_row(
     if sum(r["share_bytes"] for r in results) != total:
         problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
     if reader in DCP_READERS:
+        # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
+        # the ranks is the check above)
+        held = [tensors if reader is Reader.DCP else r.get("held", tensors) for r in results]
         problems += [
-            f"rank {r['rank']} compared {r['checked']} of {r.get('held', tensors)} tensors"
-            for r in results
-            if r["checked"] != r.get("held", tensors) or (reader is Reader.DCP and r["checked"] != tensors)
+            f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
+            for r, expected in zip(results, held, strict=True)
+            if r["checked"] != expected
         ]
         problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
     if problems:

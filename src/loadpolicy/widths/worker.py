@@ -24,6 +24,7 @@ from typing import Any
 
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
+from loadpolicy.widths.cases import DCP_READERS, Reader
 from loadpolicy.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy.widths.ranges import TensorSpan, expert_owners, read_spans, share
 
@@ -90,7 +91,7 @@ def _pread_kept(ranges: list[tuple[Path, int, int]]) -> int:
     return _pread_in_flight(ranges, _KEPT)
 
 
-def _row_sharded_state(
+def _dcp_destination(
     spans: list[TensorSpan], world: int, experts_whole_on: int | None = None
 ) -> tuple[dict[str, Any], Any]:
     """Empty DTensors sharded by rows over the world, one per tensor of the checkpoint (0-d ones replicated). With
@@ -159,7 +160,7 @@ def _read(file: Path, start: int, size: int) -> bytes:
 
 
 _PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight, "pread-kept": _pread_kept}
-_DCP_READERS = ("dcp", "dcp-experts")
+_DCP_READERS = tuple(str(reader) for reader in DCP_READERS)
 
 
 def _local(tensor: Any) -> Any:
@@ -179,8 +180,8 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     torch.distributed.init_process_group("gloo")
     state: dict[str, Any] = {}
     if spec["reader"] in _DCP_READERS:
-        whole_on = this.rank if spec["reader"] == "dcp-experts" else None
-        state, _ = _row_sharded_state(spans, this.world_size, whole_on)
+        whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
+        state, _ = _dcp_destination(spans, this.world_size, whole_on)
     elif spec["reader"] not in _PREADS:
         raise ValueError(f"reader {spec['reader']!r} is not one of {sorted([*_DCP_READERS, *_PREADS])}")
     torch.distributed.barrier()
