@@ -5,10 +5,10 @@ it), then the loads that read partitions ("Zero3Init: partition reads", "EPMeta:
 dispatch") launched in turn, `--repeats` rounds, each from a cold page cache and judged as `loadpolicy dev widths`
 judges its rows (every parameter against the stock one-process load's fingerprints, logits within their bound), then
 both limits again (the faster read of each counts). With `--peer`, torch DCP's `HuggingFaceStorageReader` too, once a
-round before the loads in each of two shardings (rows of every tensor over the ranks, DCP's own; and the loads', each
-expert's tensors whole on the rank that holds it), its blocks compared with the file's bytes, and each load's best
-beside DCP's. A row that
-fails its judge prints its error and counts for nothing; the exit status is 1 if any did.
+round in each of two shardings (rows of every tensor over the ranks, DCP's own; and the loads', each expert's tensors
+whole on the rank that holds it), its blocks compared with the file's bytes, and each load's best beside DCP's. The
+ways of a round run in forward then reverse order (DCP first in even rounds, last in odd ones). A row that fails its
+judge prints its error and counts for nothing; the exit status is 1 if any did.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 .tox/widths/bin/python scripts/partition-reads-rows.py \\
         TREE STOCK_TREE build/widths/checkpoints --ranks 2 4 --shapes qwen3-30b-a3b deepseek-v2-lite
@@ -48,6 +48,15 @@ def _peer(checkpoint: Checkpoint, ranks: int, tree: Path, where: Path, said: str
     return peer
 
 
+def _said_load(name: str, ranks: int, label: str, repeat: int, row: Row) -> None:
+    print(
+        f"{name} {ranks} {label} {repeat}: {row.seconds:.2f} s (reading {_figure(row.reading_seconds)} s), CPU "
+        f"{_figure(row.cpu_seconds)} s (all ranks; {os.cpu_count()} cores), peak {row.peak_gib:.2f} GiB "
+        f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= {row.logits_bound}",
+        flush=True,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     cases = [case for case in LOADS if case.label in PARTITION_READS]
     failed = 0
@@ -60,26 +69,23 @@ def main(args: argparse.Namespace) -> int:
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
             peers: dict[Reader, list[Row]] = {reader: [] for reader in DCP_READERS}
             for repeat in range(args.repeats):
-                for reader in DCP_READERS if args.peer else ():
-                    said = f"{name} {ranks} {repeat}"
-                    peer = _peer(checkpoint, ranks, args.tree, where / f"{reader}-{repeat}", said, reader)
-                    failed += peer is None
-                    peers[reader] += [peer] if peer else []
-                for case in cases:
-                    row = load_once(checkpoint, case, ranks, args.tree, where / f"{case.label}-{repeat}", 900)
+                # forward in even rounds, reversed in odd ones: the launch just after the limits or after another
+                # round ran slower here whatever it was (gpt-oss, whose two DCP shardings are one: 3.90 s then 2.96 s)
+                ways = [*(DCP_READERS if args.peer else ()), *cases]
+                for way in ways if repeat % 2 == 0 else ways[::-1]:
+                    if isinstance(way, Reader):
+                        said = f"{name} {ranks} {repeat}"
+                        peer = _peer(checkpoint, ranks, args.tree, where / f"{way}-{repeat}", said, way)
+                        failed += peer is None
+                        peers[way] += [peer] if peer else []
+                        continue
+                    row = load_once(checkpoint, way, ranks, args.tree, where / f"{way.label}-{repeat}", 900)
                     if row.error or row.seconds is None or row.peak_over_ideal is None:
                         failed += 1
-                        print(f"{name} {ranks} {case.label} {repeat}: FAILED {row.error}", flush=True)
+                        print(f"{name} {ranks} {way.label} {repeat}: FAILED {row.error}", flush=True)
                         continue
-                    rows[case.label].append(row)
-                    print(
-                        f"{name} {ranks} {case.label} {repeat}: {row.seconds:.2f} s (reading "
-                        f"{_figure(row.reading_seconds)} s), CPU {_figure(row.cpu_seconds)} s "
-                        f"(all ranks; {os.cpu_count()} cores), peak {row.peak_gib:.2f} GiB "
-                        f"({row.peak_over_ideal:.3f}x T/W + baseline), logits {row.logits_error} <= "
-                        f"{row.logits_bound}",
-                        flush=True,
-                    )
+                    rows[way.label].append(row)
+                    _said_load(name, ranks, way.label, repeat, row)
             # after the loads in the reverse order, so that both limits sit alike around them; the faster counts
             again = [
                 read_once(checkpoint, ranks, args.tree, where / f"{kind}-again", reader=kind)
