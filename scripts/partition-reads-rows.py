@@ -69,8 +69,8 @@ def main(args: argparse.Namespace) -> int:
             rows: dict[str, list[Row]] = {case.label: [] for case in cases}
             peers: dict[Reader, list[Row]] = {reader: [] for reader in DCP_READERS}
             for repeat in range(args.repeats):
-                # forward in even rounds, reversed in odd ones: the launch just after the limits or after another
-                # round ran slower here whatever it was (gpt-oss, whose two DCP shardings are one: 3.90 s then 2.96 s)
+                # forward in even rounds, reversed in odd ones: in a fixed order a way cannot be told from its place
+                # (gpt-oss's two DCP shardings are one launch, and the first took 1.28-1.33x the second in 3 of 4)
                 ways = [*(DCP_READERS if args.peer else ()), *cases]
                 for way in ways if repeat % 2 == 0 else ways[::-1]:
                     if isinstance(way, Reader):
