@@ -1,7 +1,8 @@
 """Per-round figures of a `scripts/partition-reads-rows.py --peer` log: each way's seconds in every round and their
 median, and for each load DCP's seconds over the load's in the same round (above 1.0: the load was faster), against
 each of DCP's two shardings, with their range and median. Best against best (the script's own table) favours the
-way with the luckiest launch; a ratio per round compares launches minutes apart.
+way with the luckiest launch; a ratio per round compares launches minutes apart. It reads the lines that script
+prints for DCP (`_peer`) and for each load (`_said_load`): a change to those lines changes these patterns.
 
     python3 scripts/rows-per-round.py build/rows.log
 """

@@ -159,8 +159,8 @@ def _read(file: Path, start: int, size: int) -> bytes:
     return data
 
 
-_PREADS = {"pread": _pread, "pread-in-flight": _pread_in_flight, "pread-kept": _pread_kept}
-_DCP_READERS = tuple(str(reader) for reader in DCP_READERS)
+# keyed by the readers (string enums): a spec's plain string finds its entry
+_PREADS = {Reader.PREAD: _pread, Reader.PREAD_IN_FLIGHT: _pread_in_flight, Reader.PREAD_KEPT: _pread_kept}
 
 
 def _local(tensor: Any) -> Any:
@@ -179,22 +179,22 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     this.stage("init_distributed")
     torch.distributed.init_process_group("gloo")
     state: dict[str, Any] = {}
-    if spec["reader"] in _DCP_READERS:
+    if spec["reader"] in DCP_READERS:
         whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
         state, _ = _dcp_destination(spans, this.world_size, whole_on)
     elif spec["reader"] not in _PREADS:
-        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted([*_DCP_READERS, *_PREADS])}")
+        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(map(str, [*DCP_READERS, *_PREADS]))}")
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
     before, io_before = memory_status(), io_counters()
     this.stage(f"read ({spec['reader']})")
     start, cpu_start = time.perf_counter(), time.process_time()
     with PeakSampler() as sampler:
-        if spec["reader"] in _DCP_READERS:
+        if spec["reader"] in DCP_READERS:
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
             share_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
         else:
-            share_bytes = _PREADS[spec["reader"]](ranges)
+            share_bytes = _PREADS[Reader(spec["reader"])](ranges)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
