@@ -508,8 +508,8 @@ MUTATIONS = (
         "a partition read larger than a chunk keeps several chunks in flight",
         Target.TREE,
         "integrations/deepspeed_partition_reads.py",
-        "self.reads.submit(self._pread, offset + at, view[at : at + READ_CHUNK_BYTES])",
-        "self._pread(offset + at, view[at : at + READ_CHUNK_BYTES])",
+        "self.reads.read(self.file, offset + at, view[at : at + READ_CHUNK_BYTES])",
+        "_preadv(self.file, offset + at, [view[at : at + READ_CHUNK_BYTES]])",
         in_tree("test_a_large_range_is_read_in_chunks_several_at_a_time"),
         # the first chunk waits for a second in flight until its bound
         "BrokenBarrierError",
@@ -524,6 +524,17 @@ MUTATIONS = (
         in_tree("test_several_ranges_are_read_at_a_time"),
         # the first expert's read waits for the second's until its bound
         "BrokenBarrierError",
+    ),
+    Mutation(
+        "partition-reads-in-model-order",
+        "queued reads are issued in file order, adjacent ones as one read",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "sorted(self.queued, key=lambda read: read[:2])",
+        "list(self.queued)",
+        in_tree("test_adjacent_ranges_are_read_in_file_order_as_one_read"),
+        # three reads, the last expert's first, where one read of all three was due
+        'assertEqual\\(calls, \\[\\(readers\\[\\"expert0\\"\\]\\.offset, 3\\)\\]\\)',
     ),
     *SAVING_MUTATIONS,
 )
