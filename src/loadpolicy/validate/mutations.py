@@ -508,7 +508,7 @@ MUTATIONS = (
         "a partition read larger than a chunk keeps several chunks in flight",
         Target.TREE,
         "integrations/deepspeed_partition_reads.py",
-        "self.reads.read(self.file, offset + at, view[at : at + READ_CHUNK_BYTES])",
+        "self.reads.queue(self.file, offset + at, view[at : at + READ_CHUNK_BYTES])",
         "_preadv(self.file, offset + at, [view[at : at + READ_CHUNK_BYTES]])",
         in_tree("test_a_large_range_is_read_in_chunks_several_at_a_time"),
         # the first chunk waits for a second in flight until its bound
@@ -530,11 +530,66 @@ MUTATIONS = (
         "queued reads are issued in file order, adjacent ones as one read",
         Target.TREE,
         "integrations/deepspeed_partition_reads.py",
-        "sorted(self.queued, key=lambda read: read[:2])",
+        "sorted(self.queued, key=lambda read: (read.file.fileno(), read.offset))",
         "list(self.queued)",
         in_tree("test_adjacent_ranges_are_read_in_file_order_as_one_read"),
         # three reads, the last expert's first, where one read of all three was due
         'assertEqual\\(calls, \\[\\(readers\\[\\"expert0\\"\\]\\.offset, 3\\)\\]\\)',
+    ),
+    Mutation(
+        "partition-reads-not-merged",
+        "adjacent queued ranges are read as one read",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "                and len(last.views) < MAX_PREADV_BUFFERS\n",
+        "                and False\n",
+        in_tree("test_adjacent_ranges_are_read_in_file_order_as_one_read"),
+        # three reads in file order where one read of all three was due
+        'assertEqual\\(calls, \\[\\(readers\\[\\"expert0\\"\\]\\.offset, 3\\)\\]\\)',
+    ),
+    Mutation(
+        "partition-reads-merged-across-files",
+        "ranges of two files are never one read, even where one ends at the offset where the other starts",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "                and last.file is read.file\n",
+        "                and True\n",
+        in_tree("test_ranges_of_two_files_that_meet_at_one_offset_are_two_reads"),
+        # one read from the first file where each file was due one
+        "Lists differ: \\[\\d+\\] != \\[\\d+, \\d+\\]",
+    ),
+    Mutation(
+        "partition-reads-issued-only-at-wait",
+        "queued reads are issued once four chunks of bytes are queued, not only when the loader waits",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "        if self.queued_bytes >= READS_IN_FLIGHT * READ_CHUNK_BYTES:\n",
+        "        if False:\n",
+        in_tree("test_reads_are_issued_once_four_chunks_are_queued"),
+        # the fifth expert still queued, nothing issued
+        "Tuples differ: \\(5, False\\) != \\(0, True\\)",
+    ),
+    Mutation(
+        "partition-reads-preadv-buffers-uncapped",
+        "a merged read takes at most MAX_PREADV_BUFFERS buffers (IOV_MAX bounds a preadv)",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "                and len(last.views) < MAX_PREADV_BUFFERS\n",
+        "                and True\n",
+        in_tree("test_a_merged_read_takes_at_most_max_preadv_buffers"),
+        # one read of all five buffers where the cap was two
+        "Lists differ: \\[5\\] != \\[2, 2, 1\\]",
+    ),
+    Mutation(
+        "partition-reads-short-read-drops-the-buffer",
+        "a read that returns part of its buffers goes on from the byte where it stopped",
+        Target.TREE,
+        "integrations/deepspeed_partition_reads.py",
+        "            views = [views[0][count:], *views[1:]]\n",
+        "            views = views[1:]\n",
+        in_tree("test_a_read_returning_part_of_its_buffers_goes_on_where_it_stopped"),
+        # the rest of a buffer skipped: fewer reads, from the wrong offsets
+        "Lists differ",
     ),
     *SAVING_MUTATIONS,
 )
