@@ -591,5 +591,27 @@ MUTATIONS = (
         # the rest of a buffer skipped: fewer reads, from the wrong offsets
         "Lists differ",
     ),
+    Mutation(
+        "tied-zero3-placeholders-compared",
+        "a tied pair stored apart under ZeRO-3 is compared by its values, not by ZeRO-3's empty placeholders",
+        Target.TREE,
+        "distributed/sharding_utils.py",
+        '    if hasattr(source, "ds_tensor") and hasattr(target, "ds_tensor"):\n',
+        "    if False:\n",
+        in_tree("test_different_stored_weights_stay_untied_with_their_own_values"),
+        # tied on every rank, the head the embeddings where the checkpoint stores its own
+        "'tied': True, 'lm_head_equal': False",
+    ),
+    Mutation(
+        "tied-zero3-not-agreed",
+        "every rank of the group takes the same decision for a tied pair, whichever partition differs",
+        Target.TREE,
+        "distributed/sharding_utils.py",
+        "    dist.all_reduce(mismatches, group=group)\n",
+        "    pass\n",
+        in_tree("test_different_stored_weights_stay_untied_with_their_own_values"),
+        # the ranks whose partitions agree tie the pair, the last one does not: the launch hangs to its bound
+        "returncode 124",
+    ),
     *SAVING_MUTATIONS,
 )
