@@ -3,32 +3,92 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from loadpolicy import doctor
-from loadpolicy.autoep import run as autoep_command
-from loadpolicy.bench import calibrate as calibrate_command
-from loadpolicy.bench import run as bench_command
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.explain import explain
 from loadpolicy.launch_inputs import read_launch
-from loadpolicy.plan import command as plan_command
 from loadpolicy.policy import LoadPolicyError, parse_policy_name
-from loadpolicy.save import run as save_command
-from loadpolicy.sizes import RawSizes
-from loadpolicy.throughput import run as throughput_command
-from loadpolicy.upstream import commands as upstream_commands
-from loadpolicy.validate import command as validate_command
-from loadpolicy.validate import mutants as mutants_command
-from loadpolicy.widths import rounds as widths_rounds_command
-from loadpolicy.widths import run as widths_command
-from loadpolicy.widths import step_run as widths_step_command
+from loadpolicy.sizes import RawSizes, check_world_size
 
+
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+@dataclass(frozen=True)
+class _LazyCommand:
+    """A command whose module is imported only when it is the one run: the harness behind `dev` and `plan` must not
+    slow `--help` or `explain`, nor need torch where only the standard library is installed."""
+
+    name: str
+    help: str
+    module: str
+    adder: str = "add_parser"
+
+    def add_to(self, subparsers: _Subparsers, chosen: bool) -> None:
+        if chosen:
+            getattr(importlib.import_module(self.module), self.adder)(subparsers)
+        else:
+            subparsers.add_parser(self.name, help=self.help)
+
+
+USER_COMMANDS = (
+    _LazyCommand(
+        "plan", "loading cost model: one launch's figures, published models projected", "loadpolicy.plan.command"
+    ),
+    _LazyCommand(
+        "checkout",
+        "pinned transformers sdist, verified, as git with the series",
+        "loadpolicy.upstream.commands",
+        "add_checkout_parser",
+    ),
+)
+DEV_COMMANDS = (
+    _LazyCommand(
+        "series", "lint, export or refresh the patch series", "loadpolicy.upstream.commands", "add_series_parser"
+    ),
+    _LazyCommand(
+        "validate",
+        "real multi-process loads on stock and patched transformers, with a report",
+        "loadpolicy.validate.command",
+    ),
+    _LazyCommand(
+        "mutants", "break one behaviour at a time and show which check catches it", "loadpolicy.validate.mutants"
+    ),
+    _LazyCommand("bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy.bench.run"),
+    _LazyCommand(
+        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy.bench.calibrate"
+    ),
+    _LazyCommand(
+        "autoep",
+        "EP under ZeRO-3: our EPMeta path against DeepSpeed AutoEP (load time, peak RSS, parity)",
+        "loadpolicy.autoep.run",
+    ),
+    _LazyCommand(
+        "throughput",
+        "training tokens/s per rank: token dispatch vs tp = ep vs DeepSpeed AutoEP vs plain ZeRO-3",
+        "loadpolicy.throughput.run",
+    ),
+    _LazyCommand("save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy.save.run"),
+    _LazyCommand(
+        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy.widths.run"
+    ),
+    _LazyCommand(
+        "widths-rounds",
+        "one real-width load, reads one at a time and in flight, beside DCP, in rounds",
+        "loadpolicy.widths.rounds",
+    ),
+    _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy.widths.step_run"),
+)
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
 EXAMPLES: dict[str, tuple[dict[str, object] | None, RawSizes]] = {
@@ -40,7 +100,7 @@ EXAMPLES: dict[str, tuple[dict[str, object] | None, RawSizes]] = {
 }
 
 
-def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_explain(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="print the load policy a launch will get, and why",
@@ -54,7 +114,10 @@ def _add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         sizes.add_argument(flag, type=positive_int, metavar="N")
     sizes.add_argument("--enable-expert-parallel", action="store_true", help="the deprecated DistributedConfig flag")
     sizes.add_argument(
-        "--world-size", type=positive_int, metavar="N", help="for tp_size derived by tp_plan (default 1)"
+        "--world-size",
+        type=positive_int,
+        metavar="N",
+        help="the launch's ranks: the sizes must span them; derives tp_size with --tp-plan (default: unchecked, 1)",
     )
     sizes.add_argument("--tp-plan", action="store_true", help="a tp_plan is given (tp_size derived from world size)")
     parser.add_argument("--quantized", action="store_true", help="the model is quantized (a quantization_config)")
@@ -103,11 +166,13 @@ def _run_explain(args: argparse.Namespace) -> str:
             tp_plan_given=args.tp_plan,
         )
         launch = read_launch(args.deepspeed_config, raw, world_size=args.world_size or 1, **flags)
+        if args.world_size is not None:
+            check_world_size(launch.inputs.sizes, args.world_size)
     explanation = explain(launch.inputs, warnings=launch.warnings)
     return explanation.to_json() if args.json else explanation.to_text()
 
 
-def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_doctor(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "doctor", help="check a DeepSpeed config for known ZeRO-3 failures", description=doctor.__doc__
     )
@@ -139,29 +204,31 @@ def _run_doctor(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    try:
+        return f"loadpolicy {importlib.metadata.version('loadpolicy')}"
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "loadpolicy (not installed)"
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the command it names imports its module (every command's, when `argv` is None)."""
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    dev_command = argv[1] if argv and command == "dev" and len(argv) > 1 else None
     parser = argparse.ArgumentParser(prog="loadpolicy", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_explain(subparsers)
     _add_doctor(subparsers)
-    plan_command.add_parser(subparsers)
-    upstream_commands.add_checkout_parser(subparsers)
+    for user in USER_COMMANDS:
+        user.add_to(subparsers, chosen=argv is None or command == user.name)
     dev = subparsers.add_parser(
         "dev",
         help="the maintainer's commands: the patch series, validation, benchmarks, mutation checks",
         description="The maintainer's commands (docs/README.md says which doc covers each).",
     ).add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
-    upstream_commands.add_series_parser(dev)
-    validate_command.add_parser(dev)
-    mutants_command.add_parser(dev)
-    bench_command.add_parser(dev)
-    calibrate_command.add_parser(dev)
-    autoep_command.add_parser(dev)
-    throughput_command.add_parser(dev)
-    save_command.add_parser(dev)
-    widths_command.add_parser(dev)
-    widths_rounds_command.add_parser(dev)
-    widths_step_command.add_parser(dev)
+    for lazy in DEV_COMMANDS:
+        lazy.add_to(dev, chosen=argv is None or dev_command == lazy.name)
     return parser
 
 
@@ -173,8 +240,8 @@ def _command_words(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     try:
         output = args.handler(args)
         print(output)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from loadpolicy.explain import Explanation, explain
 from loadpolicy.policy import LoadInputs, ParallelSizes, PolicyName
+from loadpolicy.sizes import check_world_size
 
 
 class DistributedConfigLike(Protocol):
@@ -63,7 +64,21 @@ def explain_live(
     quantized: bool = False,
     requested: PolicyName | None = None,
 ) -> Explanation:
-    return explain(live_inputs(distributed_config, quantized=quantized, requested=requested))
+    """The decision `from_pretrained` would take here; refuses sizes that do not span this launch's ranks."""
+    inputs = live_inputs(distributed_config, quantized=quantized, requested=requested)
+    world_size = launch_world_size()
+    if world_size is not None:
+        check_world_size(inputs.sizes, world_size)
+    return explain(inputs)
+
+
+def launch_world_size() -> int | None:
+    """The process group's size once it exists, else the launcher's WORLD_SIZE; None outside a launch."""
+    distributed = importlib.import_module("torch.distributed")
+    if distributed.is_available() and distributed.is_initialized():
+        return int(distributed.get_world_size())
+    world = os.environ.get("WORLD_SIZE")
+    return int(world) if world else None
 
 
 def rank_prefix() -> str:

@@ -108,3 +108,15 @@ def normalise_sizes(raw: RawSizes, world_size: int = 1) -> NormalisedSizes:
         )
     sizes = ParallelSizes(tp=tp, ep=ep, fsdp=fsdp, pp=pp, dp_replicate=dp_replicate)
     return NormalisedSizes(sizes=sizes, warnings=tuple(warnings))
+
+
+def check_world_size(sizes: ParallelSizes, world_size: int) -> None:
+    """Refuse sizes whose device mesh does not hold the launch's ranks: transformers builds one mesh of
+    pp_size x dp_replicate_size x fsdp_size x tp_size and needs exactly that many processes."""
+    mesh = sizes.pp * sizes.dp_replicate * sizes.fsdp * sizes.tp
+    if mesh > 1 and mesh != world_size:
+        raise LoadPolicyError(
+            f"DistributedConfig({sizes.describe()}) spans pp_size * dp_replicate_size * fsdp_size * tp_size = {mesh} "
+            f"ranks, but this launch has {world_size}. Accepted: sizes whose product is {world_size}, e.g. "
+            f"DistributedConfig(fsdp_size={world_size}, ep_size=E) with E dividing {world_size} (token dispatch)."
+        )

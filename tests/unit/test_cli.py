@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
@@ -193,3 +194,75 @@ def test_readme_plan_examples_run(command: str, comment: str, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "rank(s)" in out
     assert "EPMeta on" in out
+
+
+def test_world_size_the_sizes_do_not_span_is_refused(stage3: Path) -> None:
+    result = run(
+        "explain", "--deepspeed-config", str(stage3), "--fsdp-size", "4", "--ep-size", "2", "--world-size", "2"
+    )
+    assert result.returncode == 2
+    assert "= 4 ranks, but this launch has 2" in result.stderr
+    spanned = run(
+        "explain", "--deepspeed-config", str(stage3), "--fsdp-size", "4", "--ep-size", "2", "--world-size", "4"
+    )
+    assert spanned.returncode == 0, spanned.stderr
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"loadpolicy \S+\n", result.stdout), result.stdout
+
+
+# The user's commands and every help page: none may import the heavy packages (they take seconds to import, and the
+# Quick start installs none of them).
+LIGHT_COMMANDS = [
+    ["--help"],
+    ["--version"],
+    ["dev", "--help"],
+    ["plan", "--help"],
+    ["checkout", "--help"],
+    ["explain", "--example", "ep-zero3"],
+    ["doctor", "--deepspeed-config", "examples/ds_zero3.json", "--fsdp-size", "4", "--ep-size", "2"],
+]
+
+
+@pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
+def test_user_commands_import_neither_torch_nor_transformers(argv: list[str]) -> None:
+    probe = (
+        "import sys\nfrom loadpolicy.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'deepspeed', 'accelerate') if m in sys.modules)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "HEAVY []" in result.stderr, result.stderr
+
+
+def test_every_command_listed_lazily_is_the_one_its_module_adds() -> None:
+    """The top-level help lists each lazy command by the help its own module gives it."""
+    from loadpolicy.cli import DEV_COMMANDS, USER_COMMANDS, build_parser
+
+    every = build_parser()  # None: every command's module, as they were
+    listed = build_parser([])  # no command named: placeholders only
+
+    def helps(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> dict[str, str | None]:
+        for word in path:
+            parser = _subparsers(parser).choices[word]
+        return {choice.dest: choice.help for choice in _subparsers(parser)._choices_actions}
+
+    for path, commands in (((), USER_COMMANDS), (("dev",), DEV_COMMANDS)):
+        real, placeholder = helps(every, path), helps(listed, path)
+        for command in commands:
+            assert placeholder[command.name] == real[command.name], command.name
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -59,3 +59,16 @@ def test_rank_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert rank_prefix() == "[rank 1/2] "
+
+
+def test_sizes_that_do_not_span_the_launch_are_refused(zero3: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import DistributedConfig
+
+    from loadpolicy.policy import LoadPolicyError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = DistributedConfig(fsdp_size=4, ep_size=2)
+    with pytest.raises(LoadPolicyError, match=r"= 4 ranks, but this launch has 2"):
+        explain_live(config)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert explain_live(config).policy == EPMeta(ep_size=2)
