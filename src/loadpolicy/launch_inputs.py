@@ -52,12 +52,21 @@ def read_launch(
             "without ZeRO-3 the accepted policy is MetaShardOnRead."
         )
     normalised = normalise_sizes(raw, world_size=world_size)
+    sizes = normalised.sizes
+    if config is not None and stage != 3 and sizes.tp * sizes.dp * sizes.pp > 1:
+        # transformers refuses this load at `from_pretrained`: the DTensors it would shard into are what DeepSpeed
+        # cannot wrap below ZeRO-3 (`deepspeed.initialize` fails with "Couldn't swap ...weight")
+        raise CommandError(
+            f"{source or 'DeepSpeed config'} has ZeRO stage {stage}, and DistributedConfig({raw.describe()}) shards "
+            "the model into DTensors, which DeepSpeed cannot wrap below ZeRO-3: from_pretrained refuses this load. "
+            "Accepted: zero_optimization.stage = 3 (examples/ds_zero3.json), or no DeepSpeed config."
+        )
     inputs = LoadInputs(
         zero3_enabled=stage == 3,
         quantized=quantized,
         outer_zero3_init=outer_zero3_init,
         zero3_flat_partitions=config is not None and keeps_flat_partitions(config),
-        sizes=normalised.sizes,
+        sizes=sizes,
         requested=requested,
     )
     explain_selection(inputs)  # raises LoadPolicyError for what from_pretrained would refuse

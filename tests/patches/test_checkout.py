@@ -166,3 +166,16 @@ def test_the_fork_carries_the_module_generated_from_policy_py(patched: Path) -> 
         "`loadpolicy dev series sync-policy TREE`, amend the fork-only patch that carries it, and "
         "`loadpolicy dev series export TREE`"
     )
+
+
+def test_the_installed_patched_tree_names_its_series_in_its_version(pin: Pin) -> None:
+    """`tox -e patches` installs the tree with `loadpolicy checkout --install`: pip and transformers say the label."""
+    import importlib.metadata
+
+    import transformers
+
+    from loadpolicy.upstream.build import local_version
+
+    expected = local_version(pin, read_series(PATCHES))
+    assert transformers.__version__ == expected
+    assert importlib.metadata.version("transformers") == expected

@@ -1,7 +1,7 @@
-"""The README's plain-git way to apply the series, run as written, and the transformers paths the docs cite.
+"""The plain-git way to apply the series (docs/maintaining.md), run as written, and the transformers paths docs cite.
 
-The block under "Applying the series without our tooling" is read from README.md, `/path/to/loadpolicy` replaced by
-this checkout, and run in a pristine 5.23.0 tree tagged `v5.23.0` as a GitHub clone is.
+The block under "Applying the series without our tooling" is read from docs/maintaining.md, `/path/to/loadpolicy`
+replaced by this checkout, and run in a pristine 5.23.0 tree tagged `v5.23.0` as a GitHub clone is.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ IDENTITY = {
 
 
 def readme_git_lines() -> list[str]:
-    """The `git ...` lines of the first sh block after the README's "without our tooling" heading."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The `git ...` lines of the first sh block after docs/maintaining.md's "without our tooling" heading."""
+    readme = (ROOT / "docs" / "maintaining.md").read_text(encoding="utf-8")
     section = readme.split("## Applying the series without our tooling", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert block is not None, "no sh block under the heading"
@@ -55,7 +55,7 @@ def readme_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         result = subprocess.run(
             ["bash", "-c", command], cwd=tree, capture_output=True, text=True, env=os.environ | IDENTITY, check=False
         )
-        assert result.returncode == 0, f"README line failed: {line}\n{result.stderr}"
+        assert result.returncode == 0, f"docs/maintaining.md line failed: {line}\n{result.stderr}"
     return tree
 
 

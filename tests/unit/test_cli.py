@@ -139,10 +139,12 @@ def test_explain_dense_zero3_reads_partitions_unless_hpz(tmp_path: Path, zero: d
 
 
 def _readme_commands(prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(command, its trailing `# comment`) for each README line in an sh block that starts with one of `prefixes`."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    """(command, its trailing `# comment`) for each line of README.md and docs/cli.md in an sh block that starts with
+    one of `prefixes`."""
+    root = Path(__file__).resolve().parents[2]
+    pages = "".join((root / page).read_text(encoding="utf-8") for page in ("README.md", "docs/cli.md"))
     found = []
-    for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL):
+    for block in re.findall(r"```sh\n(.*?)```", pages, re.DOTALL):
         for line in block.splitlines():
             command, _, comment = line.partition("#")
             if command.startswith(prefixes):

@@ -118,3 +118,24 @@ def test_sections_of_the_wrong_type_are_named(
     path.write_text(json.dumps(config), encoding="utf-8")
     assert main(["doctor", "--deepspeed-config", str(path)]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("sizes", [["--fsdp-size", "2", "--ep-size", "2"], ["--tp-size", "2", "--ep-size", "2"]])
+@pytest.mark.parametrize("command", ["doctor", "explain"])
+def test_a_sharded_launch_below_zero3_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stage: int, sizes: list[str], command: str
+) -> None:
+    """DeepSpeed cannot wrap the DTensors `distributed_config` shards into below ZeRO-3: transformers refuses it."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": stage}}), encoding="utf-8")
+    assert main([command, "--deepspeed-config", str(config), *sizes]) == 2
+    err = capsys.readouterr().err
+    assert f"has ZeRO stage {stage}" in err
+    assert "zero_optimization.stage = 3" in err
+
+
+def test_a_dense_launch_below_zero3_is_not_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2}}), encoding="utf-8")
+    assert main(["doctor", "--deepspeed-config", str(config)]) == 0, capsys.readouterr().err

@@ -45,11 +45,27 @@ def _export_tree(tree: Path, dest: Path) -> Path:
 BUILDS_AGAINST_TORCH = ("deepspeed",)
 
 
-def install(tree: Path, name: str = "transformers") -> None:
-    """Install the patched tree's HEAD into the running interpreter's environment (not editable: it is a release)."""
+def install(tree: Path, name: str = "transformers", version: str | None = None) -> None:
+    """Install the patched tree's HEAD into the running interpreter's environment (not editable: it is a release),
+    versioned `version` where given, so that `pip list` and `__version__` tell it from the release it patches."""
     isolation = ["--no-build-isolation"] if name in BUILDS_AGAINST_TORCH else []
     with tempfile.TemporaryDirectory() as tmp:
-        _pip("install", "--quiet", "--no-deps", "--force-reinstall", *isolation, str(_export_tree(tree, Path(tmp))))
+        copy = _export_tree(tree, Path(tmp))
+        if version is not None:
+            _relabel(copy, version)
+        _pip("install", "--quiet", "--no-deps", "--force-reinstall", *isolation, str(copy))
+
+
+def _relabel(copy: Path, version: str) -> None:
+    """Write `version` (the release plus a local label) where transformers spells its release."""
+    release = version.split("+")[0]
+    for name in _VERSION_FILES:
+        path = copy / name
+        text = path.read_text(encoding="utf-8")
+        quoted = f'"{release}"'
+        if text.count(quoted) != 1:
+            raise UpstreamError(f"{name}: expected the version {quoted} exactly once")
+        path.write_text(text.replace(quoted, f'"{version}"'), encoding="utf-8")
 
 
 def build_wheel(tree: Path, pin: Pin, series: Series, out: Path) -> Path:
@@ -57,13 +73,7 @@ def build_wheel(tree: Path, pin: Pin, series: Series, out: Path) -> Path:
     version = local_version(pin, series)
     with tempfile.TemporaryDirectory() as tmp:
         copy = _export_tree(tree, Path(tmp))
-        for name in _VERSION_FILES:
-            path = copy / name
-            text = path.read_text(encoding="utf-8")
-            quoted = f'"{pin.version}"'
-            if text.count(quoted) != 1:
-                raise UpstreamError(f"{name}: expected the version {quoted} exactly once")
-            path.write_text(text.replace(quoted, f'"{version}"'), encoding="utf-8")
+        _relabel(copy, version)
         out.mkdir(parents=True, exist_ok=True)
         _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out.resolve()), str(copy))
     (wheel,) = out.glob(f"transformers-{version}-*.whl")

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from loadpolicy.errors import positive_seconds
-from loadpolicy.upstream.build import build_wheel, install
+from loadpolicy.upstream.build import build_wheel, install, local_version
 from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_unpinned
@@ -97,8 +97,13 @@ def _checkout(args: argparse.Namespace) -> str:
     if not args.pristine:
         lines.append(f"applied {len(read_series(args.patches).names)} patches on branch loadpolicy")
     if args.install:
-        install(args.dest, pin.name)
-        lines.append("installed the patched tree")
+        # transformers carries the series in its version; the DeepSpeed and PEFT trees keep theirs
+        patched = pin.name == "transformers" and not args.pristine
+        version = local_version(pin, read_series(args.patches)) if patched else None
+        install(args.dest, pin.name, version)
+        lines.append(f"installed the patched tree as {pin.name} {version or pin.version}")
+        if version is not None:
+            lines.append(f"check: python -c 'import transformers; print(transformers.__version__)' prints {version}")
     if args.wheel is not None:
         lines.append(f"built {build_wheel(args.dest, pin, read_series(args.patches), args.wheel)}")
     return "\n".join(lines)

@@ -31,6 +31,7 @@ IN_TREE_FILES = (
     "tests/deepspeed/test_deepspeed_partition_reads.py",
     "tests/deepspeed/test_deepspeed_partition_writes.py",
     "tests/deepspeed/test_deepspeed_zero3_tied_weights.py",
+    "tests/deepspeed/test_deepspeed_distributed_config_needs_zero3.py",
     "tests/utils/test_core_model_loading_dtensor.py",
     "tests/utils/test_loading_report_missing_tensors.py",
 )

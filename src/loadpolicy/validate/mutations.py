@@ -624,5 +624,26 @@ MUTATIONS = (
         # untied on every rank where the checkpoint stores the same values twice
         "'tied': False",
     ),
+    Mutation(
+        "sharded-load-for-deepspeed-below-zero3-not-refused",
+        "a model sharded by distributed_config is refused at load under DeepSpeed below ZeRO-3",
+        Target.TREE,
+        "distributed/mixin.py",
+        "        if (reason := deepspeed_without_zero3_reason()) is not None:\n",
+        "        if (reason := deepspeed_without_zero3_reason()) is None:\n",
+        in_tree("test_a_deepspeed_config_below_zero3_is_refused_at_load"),
+        # the load goes on to the device mesh, which needs a process group this one-process test has not
+        "AssertionError: ValueError not raised|OSError|RuntimeError",
+    ),
+    Mutation(
+        "sharded-load-after-deepspeed-init-distributed-not-refused",
+        "a load after deepspeed.init_distributed() without a DeepSpeed config names the missing config on every rank",
+        Target.TREE,
+        "integrations/deepspeed.py",
+        '    comm = sys.modules.get("deepspeed.comm")',
+        "    comm = None",
+        in_tree("test_every_rank_names_the_missing_config_after_deepspeed_init_distributed"),
+        "has run, but no DeepSpeed config is active' not found in",
+    ),
     *SAVING_MUTATIONS,
 )
