@@ -27,6 +27,7 @@ FILES: dict[str, object] = {
     "offload-device.json": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}},
     "autoep-string.json": ZERO3 | {"expert_parallel": {"enabled": "false"}},
     "stage-4.json": {"zero_optimization": {"stage": 4}},
+    "ds_zero2.json": {"zero_optimization": {"stage": 2}},
     "config-no-type.json": {"hidden_size": 8},
     "config-unknown-type.json": {"model_type": "not_a_model"},
 }
@@ -45,7 +46,10 @@ CASES: list[tuple[str, str]] = [
     ("explain --deepspeed-config offload-as-string.json", "`zero_optimization.offload_param` must be an object"),
     ("explain --deepspeed-config offload-device.json", "accepted: 'none', 'cpu', 'nvme'"),
     ("explain --ep-size 0", "expected an integer >= 1, got 0"),
+    ("explain --deepspeed-config ds_zero2.json --fsdp-size 2 --ep-size 2", "DeepSpeed cannot wrap below ZeRO-3"),
+    ("explain --deepspeed-config ds_zero3.json --fsdp-size 4 --ep-size 2 --world-size 2", "but this launch has 2"),
     ("doctor --deepspeed-config ds_zero3.json --fsdp-size 2", "Accepted under ZeRO-3"),
+    ("doctor --deepspeed-config ds_zero2.json --tp-size 2 --ep-size 2", "Accepted: zero_optimization.stage = 3"),
     ("doctor --deepspeed-config ds_zero3.json --ep-size 3 --fsdp-size 2", "`ep_size` (3) must divide"),
     ("doctor --deepspeed-config autoep-string.json", "`expert_parallel.enabled` must be true or false"),
     ("doctor --deepspeed-config offload-as-string.json", "`zero_optimization.offload_param` must be an object"),
