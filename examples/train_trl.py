@@ -56,7 +56,7 @@ model = AutoModelForCausalLM.from_pretrained(
 # With a real model, pass its own tokenizer.
 vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
 tokenizer = PreTrainedTokenizerFast(
-    tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0", eos_token="t1"
+    tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0"
 )
 
 # Your dataset here. TRL makes the labels from the input ids.
