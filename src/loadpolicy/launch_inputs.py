@@ -53,13 +53,13 @@ def read_launch(
         )
     normalised = normalise_sizes(raw, world_size=world_size)
     sizes = normalised.sizes
-    if config is not None and stage != 3 and sizes.tp * sizes.dp * sizes.pp > 1:
-        # transformers refuses this load at `from_pretrained`: the DTensors it would shard into are what DeepSpeed
-        # cannot wrap below ZeRO-3 (`deepspeed.initialize` fails with "Couldn't swap ...weight")
+    if config is not None and stage != 3 and sizes.expert_parallel:
+        # transformers refuses this load at `from_pretrained`: DeepSpeed cannot wrap the DTensors EP shards into, and
+        # only under ZeRO-3 does the load policy load EP for it (`deepspeed.initialize`: "Couldn't swap ...weight")
         raise CommandError(
             f"{source or 'DeepSpeed config'} has ZeRO stage {stage}, and DistributedConfig({raw.describe()}) shards "
-            "the model into DTensors, which DeepSpeed cannot wrap below ZeRO-3: from_pretrained refuses this load. "
-            "Accepted: zero_optimization.stage = 3 (examples/ds_zero3.json), or no DeepSpeed config."
+            "the experts into DTensors, which DeepSpeed cannot wrap: from_pretrained refuses this load. Accepted: "
+            "zero_optimization.stage = 3 (examples/ds_zero3.json), or no DeepSpeed config."
         )
     inputs = LoadInputs(
         zero3_enabled=stage == 3,

@@ -46,7 +46,10 @@ CASES: list[tuple[str, str]] = [
     ("explain --deepspeed-config offload-as-string.json", "`zero_optimization.offload_param` must be an object"),
     ("explain --deepspeed-config offload-device.json", "accepted: 'none', 'cpu', 'nvme'"),
     ("explain --ep-size 0", "expected an integer >= 1, got 0"),
-    ("explain --deepspeed-config ds_zero2.json --fsdp-size 2 --ep-size 2", "DeepSpeed cannot wrap below ZeRO-3"),
+    (
+        "explain --deepspeed-config ds_zero2.json --fsdp-size 2 --ep-size 2",
+        "which DeepSpeed cannot wrap: from_pretrained refuses",
+    ),
     ("explain --deepspeed-config ds_zero3.json --fsdp-size 4 --ep-size 2 --world-size 2", "but this launch has 2"),
     ("doctor --deepspeed-config ds_zero3.json --fsdp-size 2", "Accepted under ZeRO-3"),
     ("doctor --deepspeed-config ds_zero2.json --tp-size 2 --ep-size 2", "Accepted: zero_optimization.stage = 3"),

@@ -126,7 +126,7 @@ def test_sections_of_the_wrong_type_are_named(
 def test_a_sharded_launch_below_zero3_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], stage: int, sizes: list[str], command: str
 ) -> None:
-    """DeepSpeed cannot wrap the DTensors `distributed_config` shards into below ZeRO-3: transformers refuses it."""
+    """DeepSpeed cannot wrap the DTensors EP shards into; only ZeRO-3 loads EP for it: transformers refuses others."""
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": stage}}), encoding="utf-8")
     assert main([command, "--deepspeed-config", str(config), *sizes]) == 2
@@ -135,7 +135,10 @@ def test_a_sharded_launch_below_zero3_is_refused(
     assert "zero_optimization.stage = 3" in err
 
 
-def test_a_dense_launch_below_zero3_is_not_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("sizes", [[], ["--tp-size", "2"]])
+def test_a_launch_without_ep_below_zero3_is_not_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sizes: list[str]
+) -> None:
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 2}}), encoding="utf-8")
-    assert main(["doctor", "--deepspeed-config", str(config)]) == 0, capsys.readouterr().err
+    assert main(["doctor", "--deepspeed-config", str(config), *sizes]) == 0, capsys.readouterr().err
