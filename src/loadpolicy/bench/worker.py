@@ -175,12 +175,16 @@ def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
     return config
 
 
-def _init_distributed(this: Rank) -> None:
+def _init_distributed(this: Rank, zero3: bool) -> None:
     import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
     this.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if zero3:
+        deepspeed.init_distributed(dist_backend=backend)
+    else:  # a load DeepSpeed will not wrap: set up as its users do, without DeepSpeed (which would refuse EP here)
+        torch.distributed.init_process_group(backend=backend)
 
 
 def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
@@ -190,7 +194,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
 
     zero3 = _launch_config(spec, this.world_size)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
-    _init_distributed(this)
+    _init_distributed(this, spec["zero3"])
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
     model_class = getattr(transformers, spec["model_class"])
     reading = _time_partition_reads()
