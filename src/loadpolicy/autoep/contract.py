@@ -18,6 +18,8 @@ class StageFigures(TypedDict):
     peak_anon: int
     peak_file: int
     peak_total: int
+    # the most GPU memory torch's allocator held during the stage; None on the CPU (absent from older runs' results)
+    device_peak_bytes: NotRequired[int | None]
 
 
 class ReferenceRun(SingleRun):

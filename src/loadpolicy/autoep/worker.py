@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from loadpolicy.autoep.contract import AutoEPSpec, ReferenceRun, StageFigures, WayRank
+from loadpolicy.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed
 from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
@@ -66,13 +67,13 @@ def apply_output_capture_registry_shim() -> bool:
 
 
 @contextmanager
-def _measured(figures: dict[str, StageFigures], name: str) -> Iterator[None]:
-    """Time the block on this rank and record its peak RSS; every rank starts it together."""
+def _measured(figures: dict[str, StageFigures], name: str, device: RankDevice) -> Iterator[None]:
+    """Time the block on this rank and record its peak RSS (and its device's peak); every rank starts it together."""
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     before = memory_status()
     start = time.perf_counter()
-    with PeakSampler() as sampler:
+    with PeakSampler() as sampler, DeviceWindow(device) as on_device:
         yield
     seconds = time.perf_counter() - start
     figures[name] = {
@@ -81,6 +82,7 @@ def _measured(figures: dict[str, StageFigures], name: str) -> Iterator[None]:
         "peak_anon": sampler.peak["anon"],
         "peak_file": sampler.peak["file"],
         "peak_total": max(sampler.peak["total"], memory_status()["VmHWM"]),
+        "device_peak_bytes": on_device.peak_bytes,
     }
 
 
@@ -180,7 +182,7 @@ def _train(engine: Any, spec: AutoEPSpec, rank: int, world: int, stage: Stage) -
     return parity_worker.train_engine(engine, batches, stage)
 
 
-def _epmeta(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
+def _epmeta(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
@@ -188,11 +190,11 @@ def _epmeta(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
-    with _measured(figures, "load"):
+    with _measured(figures, "load", device):
         model = parity_worker.load_ep(spec, world)
     loaded = parity_worker.loaded_state(model)
     stage("deepspeed.initialize")
-    with _measured(figures, "initialize"):
+    with _measured(figures, "initialize", device):
         engine, *_ = deepspeed.initialize(
             model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
         )
@@ -216,7 +218,7 @@ def _epmeta(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     }
 
 
-def _autoep(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
+def _autoep(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
@@ -225,7 +227,7 @@ def _autoep(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
-    with _measured(figures, "load"):
+    with _measured(figures, "load", device):
         model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], dtype=torch.float32)
     model.train()
     # Full shapes (zero.Init leaves empty placeholders) and how many zero.Init partitioned; no reference is kept to
@@ -235,7 +237,7 @@ def _autoep(spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> WayRank:
     stage("compatibility shim")
     shim = apply_output_capture_registry_shim()
     stage("deepspeed.initialize")
-    with _measured(figures, "initialize"):
+    with _measured(figures, "initialize", device):
         engine, *_ = deepspeed.initialize(
             model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
         )
@@ -266,15 +268,13 @@ def _compare(rank: Rank, spec: AutoEPSpec) -> ReferenceRun | WayRank:
     getattr(transformers, spec["model_class"])  # import the model's module before anything is timed
     if spec["mode"] == "single":
         return _single(spec, rank.stage)
-    import deepspeed  # noqa: PLC0415
-
     rank.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    device = start_deepspeed_distributed()
     match spec["mode"]:
         case "epmeta":
-            return _epmeta(spec, rank.rank, rank.world_size, rank.stage)
+            return _epmeta(spec, rank.rank, rank.world_size, device, rank.stage)
         case "autoep":
-            return _autoep(spec, rank.rank, rank.world_size, rank.stage)
+            return _autoep(spec, rank.rank, rank.world_size, device, rank.stage)
         case mode:
             raise ValueError(f"unknown mode {mode!r}; accepted: single, epmeta, autoep")
 

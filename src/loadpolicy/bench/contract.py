@@ -46,6 +46,8 @@ class LoadMeasurement(LogitsFigures):
     peak_anon: int
     peak_file: int
     peak_total: int
+    # the most GPU memory torch's allocator held during `from_pretrained`; None on the CPU (absent from older runs')
+    device_peak_bytes: NotRequired[int | None]
     held_anon: int
     held_total: int
     held_file: int

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.harness.device import collective_device, host
+
 
 CHUNK = 1 << 22  # elements summed at a time: the float64 temporaries stay at a few tens of MiB
 GOLDEN = 0.6180339887498949
@@ -108,9 +110,10 @@ def _held(param: Any) -> tuple[tuple[float, float], Any]:
 def _all_reduce(values: list[float], group: Any) -> list[float]:
     import torch  # noqa: PLC0415
 
-    tensor = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(tensor, group=None if group == "world" else group)
-    return [float(value) for value in tensor]
+    group = None if group == "world" else group
+    tensor = torch.tensor(values, dtype=torch.float64, device=collective_device(group))
+    torch.distributed.all_reduce(tensor, group=group)
+    return [float(value) for value in host(tensor)]
 
 
 def matches(held: tuple[float, float], whole: tuple[float, float]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from loadpolicy.bench.contract import LogitsFigures
 from loadpolicy.bench.logits import forward_logits, judge, judge_agreement, prompt
+from loadpolicy.harness.device import collective_device, host
 from loadpolicy.harness.rank import Rank
 from loadpolicy.units import GIB
 
@@ -60,6 +61,7 @@ def forward_does_not_fit(model: Any) -> str | None:
     gathered, available = largest_gather(model), _available()
     short = torch.tensor([float(GATHER_COPIES * gathered * on_this_machine > available)])
     if torch.distributed.is_initialized():
+        short = short.to(collective_device())
         torch.distributed.all_reduce(short, op=torch.distributed.ReduceOp.MAX)
     if not short.item():
         return None
@@ -82,9 +84,9 @@ def judge_logits(this: Rank, reference: Path, engine: Any, vocab_size: int) -> L
     problems = [verdict.problem] if verdict.problem else []
     from_rank0 = None
     if this.world_size > 1:
-        first = logits.clone()
+        first = logits.to(collective_device(), copy=True)  # the logits are on the host (`forward_logits`)
         torch.distributed.broadcast(first, src=0)
-        from_rank0, disagreement = judge_agreement(logits, first, verdict.bound)
+        from_rank0, disagreement = judge_agreement(logits, host(first), verdict.bound)
         problems += [disagreement] if disagreement else []
     return {
         "logits_error": verdict.error,

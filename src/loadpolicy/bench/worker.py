@@ -20,6 +20,14 @@ from loadpolicy.autoep.cases import expert_parallel_section
 from loadpolicy.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy.bench.fingerprint import check_loaded
 from loadpolicy.bench.logits_rank import NO_LOGITS, judge_logits
+from loadpolicy.harness.device import (
+    DeviceWindow,
+    RankDevice,
+    rank_device,
+    start_deepspeed_distributed,
+    start_process_group,
+    synchronize,
+)
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 
@@ -86,7 +94,7 @@ def _time_partition_reads() -> list[float]:
     return spent
 
 
-def _touch_every_tensor(model: Any) -> tuple[int, float]:
+def _touch_every_tensor(model: Any, device: RankDevice) -> tuple[int, float]:
     """Touch every parameter and buffer (memory-mapped pages become resident, no full-size temporary); their bytes and
     the seconds it took: shard-on-read leaves memory-mapped pages unread until first use, and a load is complete only
     once they are in."""
@@ -101,10 +109,11 @@ def _touch_every_tensor(model: Any) -> tuple[int, float]:
                 local.view(-1)[:: max(1, 4096 // local.element_size())].sum()
             else:
                 local.sum()
+    synchronize(device)
     return owned, time.perf_counter() - start
 
 
-def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
+def _initialize(model: Any, config: dict[str, Any], device: RankDevice) -> tuple[float, int, Any]:
     """Seconds and peak RSS of `deepspeed.initialize(model)`, every rank starting together, after the measurements of
     loading: a model loaded whole is partitioned here (its parameters broadcast from rank 0 first), one loaded into
     ZeRO-3 partitions is not, AutoEP regroups the experts here. No optimizer, so that only what loading left undone is
@@ -123,6 +132,7 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
     start = time.perf_counter()
     with PeakSampler() as sampler:
         engine, *_ = deepspeed.initialize(model=model, config=config)
+        synchronize(device)
         torch.distributed.barrier()  # the slowest rank's
     seconds = time.perf_counter() - start
     if "expert_parallel" in config:
@@ -136,12 +146,12 @@ def _initialize(model: Any, config: dict[str, Any]) -> tuple[float, int, Any]:
 
 
 def _initialize_and_judge_logits(
-    this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any]
+    this: Rank, spec: BenchSpec, model: Any, config: dict[str, Any], device: RankDevice
 ) -> tuple[float | None, int | None, LogitsFigures]:
     """`deepspeed.initialize` (ZeRO-3 launches), then the logits where the spec names a reference for them."""
     if spec["zero3"]:
         this.stage("deepspeed.initialize")
-    seconds, peak, engine = _initialize(model, config) if spec["zero3"] else (None, None, model)
+    seconds, peak, engine = _initialize(model, config, device) if spec["zero3"] else (None, None, model)
     if spec["logits"] is None:
         return seconds, peak, NO_LOGITS
     return seconds, peak, judge_logits(this, Path(spec["logits"]), engine, model.config.get_text_config().vocab_size)
@@ -175,16 +185,14 @@ def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
     return config
 
 
-def _init_distributed(this: Rank, zero3: bool) -> None:
-    import deepspeed  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
+def _init_distributed(this: Rank, zero3: bool) -> RankDevice:
+    """The process group on this rank's device (one GPU per rank, or the CPU); the device."""
     this.stage("init_distributed")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = rank_device()
     if zero3:
-        deepspeed.init_distributed(dist_backend=backend)
-    else:  # a load DeepSpeed will not wrap: set up as its users do, without DeepSpeed (which would refuse EP here)
-        torch.distributed.init_process_group(backend=backend)
+        return start_deepspeed_distributed(device)
+    # a load DeepSpeed will not wrap: set up as its users do, without DeepSpeed (which would refuse EP here)
+    return start_process_group(device)
 
 
 def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
@@ -194,7 +202,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
 
     zero3 = _launch_config(spec, this.world_size)
     keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
-    _init_distributed(this, spec["zero3"])
+    device = _init_distributed(this, spec["zero3"])
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
     model_class = getattr(transformers, spec["model_class"])
     reading = _time_partition_reads()
@@ -203,18 +211,17 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     before, io_before = memory_status(), io_counters()
     start, cpu_start = time.perf_counter(), time.process_time()
     this.stage("from_pretrained")
-    with PeakSampler() as sampler:
+    with PeakSampler() as sampler, DeviceWindow(device) as on_device:
         model = _profiled(this, spec, model_class) if os.environ.get(PROFILE) else load(spec, model_class)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    io_after = io_counters()
-    peak_hwm = memory_status()["VmHWM"]
-    owned, touch_seconds = _touch_every_tensor(model)
+    io_after, peak_hwm = io_counters(), memory_status()["VmHWM"]
+    owned, touch_seconds = _touch_every_tensor(model, device)
     held = memory_status()
     io_touched = io_counters()  # pages of memory-mapped tensors that loading left untouched are read on first use
     # what loading partitioned, before `deepspeed.initialize` partitions the rest
     unpartitioned = sum(not hasattr(p, "ds_id") for p in model.parameters())
     fingerprinted, value_problems = _compare_with_checkpoint(this, Path(spec["fingerprints"]), model)
-    initialize_seconds, initialize_peak, logits = _initialize_and_judge_logits(this, spec, model, zero3)
+    initialize_seconds, initialize_peak, logits = _initialize_and_judge_logits(this, spec, model, zero3, device)
     policy = getattr(model, "_load_policy", None)  # stock transformers has none
     result: LoadMeasurement = {
         "rank": this.rank,
@@ -234,6 +241,7 @@ def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
         "peak_anon": sampler.peak["anon"],
         "peak_file": sampler.peak["file"],
         "peak_total": max(sampler.peak["total"], peak_hwm),
+        "device_peak_bytes": on_device.peak_bytes,
         "held_anon": held["RssAnon"],
         "held_total": held["RssAnon"] + held["RssFile"] + held["RssShmem"],
         "held_file": held["RssFile"] + held["RssShmem"],

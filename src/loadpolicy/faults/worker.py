@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.faults.contract import FaultSpec
+from loadpolicy.harness.device import rank_device, start_process_group, training_args_device_kwargs
 from loadpolicy.harness.rank import Rank
 
 
@@ -45,8 +46,9 @@ def _load(spec: FaultSpec, model_class: Any, rank: int, world: int, out: str) ->
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+    device = rank_device()
     if spec["process_group"]:
-        torch.distributed.init_process_group("gloo")  # as deepspeed.init_distributed() or Accelerator() would
+        start_process_group(device)  # as deepspeed.init_distributed() or Accelerator() would
     zero3_here = spec["zero3"] == "before" or (spec["zero3"] == "rank 0 only" and rank == 0)
     keep_alive = HfDeepSpeedConfig(zero3) if zero3_here else None  # noqa: F841  # held by a weak reference
     kwargs: dict[str, Any] = {"dtype": torch.float32}
@@ -61,11 +63,13 @@ def _load(spec: FaultSpec, model_class: Any, rank: int, world: int, out: str) ->
     if spec["then_collective"]:
         # What a script does next (deepspeed.initialize, a training step): its first collective after loading
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("gloo")
+            start_process_group(device)
         torch.distributed.barrier()
     if spec["zero3"] == "after":
         # The DeepSpeed config appears only now, with the TrainingArguments, as when they are built after loading.
-        args = transformers.TrainingArguments(out, deepspeed=zero3, use_cpu=True, report_to="none")
+        args = transformers.TrainingArguments(
+            out, deepspeed=zero3, report_to="none", **training_args_device_kwargs(device)
+        )
         transformers.Trainer(model=model, args=args)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import loadpolicy
 from loadpolicy.errors import CommandError, positive_seconds
+from loadpolicy.harness.device import accelerate_device_lines, launch_device_env, launch_on_cpu
 from loadpolicy.harness.rank import Contract, RankFailure, parse, read_raw, transformers_file
 
 
@@ -68,8 +69,9 @@ def free_port() -> int:
                 return port
 
 
-def accelerate_config(path: Path, ranks: int, port: int) -> Path:
-    # What users of PR #45548 run: accelerate launch with DeepSpeed ZeRO-3 and zero3_init_flag on.
+def accelerate_config(path: Path, ranks: int, port: int, *, on_cpu: bool) -> Path:
+    # What users of PR #45548 run: accelerate launch with DeepSpeed ZeRO-3 and zero3_init_flag on; the CPU line only
+    # for a launch on the CPU (`harness.device.launch_on_cpu`).
     path.write_text(
         "\n".join(
             [
@@ -87,7 +89,7 @@ def accelerate_config(path: Path, ranks: int, port: int) -> Path:
                 "machine_rank: 0",
                 f"main_process_port: {port}",
                 "mixed_precision: 'no'",
-                "use_cpu: true",
+                *accelerate_device_lines(on_cpu),
                 "",
             ]
         ),
@@ -96,13 +98,14 @@ def accelerate_config(path: Path, ranks: int, port: int) -> Path:
     return path
 
 
-def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path) -> list[str]:
-    """The command line that starts `worker` (python arguments) on `ranks` processes with `launcher`."""
+def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path, *, on_cpu: bool) -> list[str]:
+    """The command line that starts `worker` (python arguments) on `ranks` processes with `launcher`, on the CPU or
+    one GPU per rank (`on_cpu`)."""
     port = free_port()
     if launcher is Launcher.TORCHRUN:
         run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
         return [*run, *worker]
-    config = accelerate_config(out / "accelerate.yaml", ranks, port)
+    config = accelerate_config(out / "accelerate.yaml", ranks, port, on_cpu=on_cpu)
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
 
 
@@ -116,6 +119,14 @@ def tree_env(tree: Path) -> dict[str, str]:
         "TRANSFORMERS_VERBOSITY": "error",
         "TOKENIZERS_PARALLELISM": "false",
     }
+
+
+def launch_env(tree: Path, ranks: int, env: Mapping[str, str] | None = None) -> tuple[dict[str, str], bool]:
+    """The environment of a launch of `ranks` ranks on `tree`, and whether it runs on the CPU: the tree's, with the
+    GPUs hidden where there are fewer than ranks (`harness.device.launch_on_cpu`: the one place that decides), then
+    `env`."""
+    on_cpu = launch_on_cpu(ranks)
+    return tree_env(tree) | launch_device_env(on_cpu) | dict(env or {}), on_cpu
 
 
 def run_bounded(command: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
@@ -258,8 +269,11 @@ def _launch_once(
     timeout: float,
     env: Mapping[str, str] | None,
 ) -> tuple[int | None, bool]:
-    command = [sys.executable, *worker] if launcher is None else launch_command(launcher, ranks, worker, out)
-    return _run_in_session(command, tree_env(tree) | dict(env or {}), out / "launcher.log", timeout)
+    environment, on_cpu = launch_env(tree, ranks, env)
+    command = [sys.executable, *worker]
+    if launcher is not None:
+        command = launch_command(launcher, ranks, worker, out, on_cpu=on_cpu)
+    return _run_in_session(command, environment, out / "launcher.log", timeout)
 
 
 def _port_taken(out: Path, code: int | None) -> bool:

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.harness.device import RankDevice, accelerator_kwargs_handlers, host, rank_device, to_device
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.matrix.contract import ExpertSlice, LoadCheck, MatrixCase, MatrixSpec
 from loadpolicy.tinymodels.reference import input_ids, load_reference, model_output
@@ -30,7 +31,7 @@ def _whole(tensor: Any) -> Any:
 def _equal(tensor: Any, reference: Any) -> bool:
     import torch
 
-    return reference is not None and tensor.shape == reference.shape and bool(torch.equal(tensor.cpu(), reference))
+    return reference is not None and tensor.shape == reference.shape and bool(torch.equal(host(tensor), reference))
 
 
 def _quantization(spec: MatrixSpec) -> dict[str, Any]:
@@ -42,14 +43,12 @@ def _quantization(spec: MatrixSpec) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
 
 
-def _enable_zero3(spec: MatrixSpec) -> Any:
+def _enable_zero3(spec: MatrixSpec, device: RankDevice) -> Any:
     """Make `is_deepspeed_zero3_enabled()` true the way this launcher's users do."""
     if spec["launcher"] == "accelerate":
         from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs
 
-        # gloo on CPU: with the default backend every rank reports process_index 0 (running-distributed-on-cpu.md)
-        return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+        return Accelerator(kwargs_handlers=accelerator_kwargs_handlers(device))
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
     return HfDeepSpeedConfig(spec["zero3_config"])
@@ -79,9 +78,8 @@ def _check(rank: Rank, spec: MatrixSpec, case: MatrixCase, reference: dict[str, 
         "quantized_8bit": sum(type(p).__name__ == "Int8Params" for p in model.parameters()),
     }
     params = reference["params"]
-    # On GPUs (nccl) the model sits on this rank's device; the reference stays on the CPU.
-    device = next(model.parameters()).device
-    ids = ids.to(device)
+    # On GPUs (nccl) the model sits on this rank's device; the reference stays on the CPU, results come back to it.
+    ids = to_device(ids, next(model.parameters()).device)
     # ZeRO-3 parameters (dense ZeRO-3; EP under ZeRO-3 with partition reads) are compared and run gathered
     gathered: AbstractContextManager[object] = nullcontext()
     if result["partitioned"]:
@@ -95,7 +93,7 @@ def _check(rank: Rank, spec: MatrixSpec, case: MatrixCase, reference: dict[str, 
             sharded = spec["distributed"] is not None
             result["experts"], result["dense_unequal"] = _compare_expert_shards(model, params, rank, sharded)
         with torch.no_grad():
-            logits = _local(model_output(model(input_ids=ids))).cpu()
+            logits = host(_local(model_output(model(input_ids=ids))))
     result["max_abs_diff"] = float((logits - reference["logits"]).abs().max())
     saving = getattr(policy, "saving_branch", None)
     if saving is not None and saving.value == "zero3_write_partitions":
@@ -132,7 +130,7 @@ def _compare_expert_shards(
         # stacked expert tensors lead with the expert dimension; a 1-D tensor under `.experts.` is one module's own
         # (muse_spark's post_expert_norm) and every rank holds it whole
         if sharded and ".experts." in name and params[name].dim() > 1:
-            full, shard = params[name], _local(param.data).cpu()
+            full, shard = params[name], host(_local(param.data))
             n = full.shape[0] // rank.world_size
             expected = full[rank.rank * n : (rank.rank + 1) * n]
             equal = bool(torch.equal(shard, expected))
@@ -150,13 +148,15 @@ def _load_every_case(rank: Rank, spec: MatrixSpec) -> dict[str, Any]:
     rank.facts["transformers_file"] = transformers.__file__
     # Kept in the facts, so that a fatal error still reports the architectures that ran.
     results: dict[str, LoadCheck] = rank.facts.setdefault("results", {})
+    # one GPU per rank (made current) or the CPU; nothing starts a process group here: the load does, as users' do
+    device = rank_device()
     torch.manual_seed(0)
     ids = input_ids()
     rank.stage("read the stock tree's one-process references")
     references = {case["arch"]: load_reference(Path(case["reference"])) for case in spec["cases"]}
     if spec["zero3"]:
         rank.stage("enable ZeRO-3")
-        keep_alive = _enable_zero3(spec)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
+        keep_alive = _enable_zero3(spec, device)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
     for case in spec["cases"]:
         rank.stage(f"{case['arch']}: from_pretrained")
         try:

@@ -10,6 +10,13 @@ from typing import Any
 import torch
 import transformers
 
+from loadpolicy.harness.device import (
+    collective_device,
+    host,
+    rank_device,
+    start_deepspeed_distributed,
+    training_args_device_kwargs,
+)
 from loadpolicy.parity.contract import ParitySpec, SingleRun, TrainedRank
 from loadpolicy.parity.worker import (
     MICRO_BATCH,
@@ -61,8 +68,8 @@ def _training_arguments(spec: ParitySpec, world: int, out: Path) -> Any:
         save_strategy="steps" if spec["save_steps"] else "no",
         save_steps=spec["save_steps"] or 500,
         report_to="none",
-        use_cpu=True,
         disable_tqdm=True,
+        **training_args_device_kwargs(rank_device()),  # the CPU, or this rank's GPU
     )
 
 
@@ -202,11 +209,9 @@ def _load_dense(spec: ParitySpec) -> Any:
 
 def trl_reference(spec: ParitySpec, stage: Stage, out: Path) -> SingleRun:
     """The TRL recipe under stock dense ZeRO-3 on as many ranks: the mean of the ranks' losses, the whole weights."""
-    import deepspeed  # noqa: PLC0415
-
     # Up before the Trainer's arguments read the world size (a load with a distributed config brings it up itself)
-    deepspeed.init_distributed(dist_backend="gloo")
+    start_deepspeed_distributed()
     trained = train_with_trainer(spec | {"export_dir": "", "save_steps": 0}, stage, out)
-    losses = torch.tensor(trained["losses"])
+    losses = torch.tensor(trained["losses"], device=collective_device())
     torch.distributed.all_reduce(losses)
-    return {"losses": (losses / torch.distributed.get_world_size()).tolist(), "weights": trained["weights"]}
+    return {"losses": host(losses / torch.distributed.get_world_size()).tolist(), "weights": trained["weights"]}

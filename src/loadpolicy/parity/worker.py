@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import transformers
 
+from loadpolicy.harness.device import accelerator_kwargs_handlers, host, rank_device, to_device
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity.contract import (
@@ -130,8 +131,8 @@ def gathered_weights(module: Any) -> dict[str, Any]:
     import deepspeed  # noqa: PLC0415
 
     partitioned = [p for _, p in module.named_parameters() if hasattr(p, "ds_id")]
-    with deepspeed.zero.GatheredParameters(partitioned):
-        return {n: p.detach().clone() for n, p in module.named_parameters()}
+    with deepspeed.zero.GatheredParameters(partitioned):  # on the host: judged against one process on the CPU
+        return {n: host(p).clone() for n, p in module.named_parameters()}
 
 
 def loaded_state(model: Any) -> dict[str, Any]:
@@ -164,6 +165,7 @@ def _engine(
     import deepspeed  # noqa: PLC0415
 
     stage("from_pretrained")
+    rank_device()  # one GPU per rank (made current) or the CPU; the load starts the process group
     model = load_ep(spec, world)
     loaded = loaded_state(model)
     stage("deepspeed.initialize")
@@ -174,10 +176,11 @@ def _engine(
 
 
 def train_engine(engine: Any, batches: list[Any], stage: Stage, first: int = 0) -> list[float]:
-    """Train on `batches` (this rank's micro-batches)."""
+    """Train on `batches` (this rank's micro-batches, on the engine's device)."""
     losses = []
-    for step, ids in enumerate(batches, start=first):
+    for step, batch in enumerate(batches, start=first):
         stage(f"step {step}")
+        ids = to_device(batch, engine.device)
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
@@ -351,12 +354,11 @@ def offline_consolidation(directory: str, tag: str, stage: Stage) -> tuple[str, 
 
 
 def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
-    from accelerate import Accelerator, InitProcessGroupKwargs  # noqa: PLC0415
+    from accelerate import Accelerator  # noqa: PLC0415
 
     # Created before `from_pretrained`: its ZeRO-3 plugin is what makes every rank select EPMeta. On CPU a plain
     # Accelerator() under DeepSpeed reports one process per rank unless it is told to start gloo itself.
-    handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
-    accelerator = Accelerator(kwargs_handlers=handlers)
+    accelerator = Accelerator(kwargs_handlers=accelerator_kwargs_handlers(rank_device()))
     world = accelerator.num_processes
     # No dataloader goes through prepare() (every rank of the EP group feeds the same batch), so DeepSpeed's batch
     # sizes are set here, and the clipping to compare with.
@@ -373,7 +375,7 @@ def _accelerate(spec: ParitySpec, stage: Stage) -> TrainedRank:
     losses = []
     for step, batch in enumerate(fixed_batches(spec, spec["steps"])):
         stage(f"step {step}")
-        ids = replica_batch(batch, spec, accelerator.process_index, world)
+        ids = to_device(replica_batch(batch, spec, accelerator.process_index, world), engine.device)
         loss = engine(input_ids=ids, labels=ids).loss
         accelerator.backward(loss)
         optimizer.step()

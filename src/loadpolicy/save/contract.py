@@ -1,6 +1,6 @@
 """The save benchmark's contract: what `run` hands every rank (SaveSpec), what a rank reports (SaveMeasurement)."""
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class SaveSpec(TypedDict):
@@ -18,6 +18,8 @@ class SaveMeasurement(TypedDict):
     seconds: float  # the save alone, every rank starting together; the slowest rank counts
     held_total: int  # resident bytes once loaded, just before saving
     peak_total: int  # the largest resident bytes while saving
+    # the most GPU memory torch's allocator held while saving; None on the CPU (absent from older runs' results)
+    device_peak_bytes: NotRequired[int | None]
     partition_bytes: int  # the bytes of this rank's partitions
     # rank 0, for ways whose files are checked: names whose saved tensor differs from the checkpoint's, or is missing
     # or extra; None elsewhere

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.harness.device import DeviceWindow, host, start_deepspeed_distributed
 from loadpolicy.harness.procfs import PeakSampler, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.save.cases import Way
@@ -40,7 +41,7 @@ def _write_limit(model: Any, directory: Path, rank: int) -> None:
     try:
         offset = 0
         for partition in _partitions(model):
-            view = memoryview(partition.detach().contiguous().view(torch.uint8).numpy())
+            view = memoryview(host(partition).contiguous().view(torch.uint8).numpy())
             done = 0
             while done < len(view):
                 done += os.pwrite(descriptor, view[done:], offset + done)
@@ -99,7 +100,6 @@ def _unequal_to_checkpoint(directory: Path, checkpoint: Path) -> tuple[list[str]
 
 
 def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
-    import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
@@ -109,7 +109,7 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
     config = _zero3_config(world)
     keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference
     this.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    device = start_deepspeed_distributed()
     this.stage("from_pretrained")
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16}
     if spec["distributed"] is not None:
@@ -127,7 +127,8 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
     held = memory_status()
     start = time.perf_counter()
     with PeakSampler() as sampler:
-        _save(way, model, engine, directory, rank)
+        with DeviceWindow(device) as on_device:
+            _save(way, model, engine, directory, rank)
         torch.distributed.barrier()  # the save is done when the slowest rank is
     seconds = time.perf_counter() - start
     peak = max(sampler.peak["total"], memory_status()["VmHWM"])
@@ -144,6 +145,7 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
         "seconds": seconds,
         "held_total": held["RssAnon"] + held["RssFile"] + held["RssShmem"],
         "peak_total": peak,
+        "device_peak_bytes": on_device.peak_bytes,
         "partition_bytes": sum(p.numel() * p.element_size() for p in _partitions(model)),
         "saved_unequal": unequal,
         "compared": compared,

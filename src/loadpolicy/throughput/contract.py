@@ -1,6 +1,6 @@
 """What a throughput rank reports: the contract between `throughput.worker` and `throughput.run`."""
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class StepTimes(TypedDict):
@@ -28,6 +28,8 @@ class ThroughputRank(TypedDict):
     profile_top_by_phase: dict[str, dict[str, float]]
     profile_calls_by_phase: dict[str, dict[str, int]]  # how many times each of those operators ran
     peak_training_bytes: int  # VmHWM over the training steps
+    # the most GPU memory torch's allocator held over them; None on the CPU (absent from older runs' results)
+    device_peak_training_bytes: NotRequired[int | None]
     threads: int
     experts_kernel: str  # transformers' `experts_implementation` the model ran, or AutoEP's own layers
 

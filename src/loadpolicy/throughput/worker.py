@@ -19,6 +19,7 @@ import transformers
 
 from loadpolicy.autoep.cases import expert_parallel_section
 from loadpolicy.autoep.worker import apply_output_capture_registry_shim
+from loadpolicy.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed, synchronize, to_device
 from loadpolicy.harness.procfs import memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.parity import worker as parity_worker
@@ -114,9 +115,12 @@ def _summed(by_phase: list[dict[str, float]], count: int | None = None) -> dict[
     return dict(sorted(total.items(), key=lambda item: item[1], reverse=True)[:count])
 
 
-def _step(engine: Any, ids: Any, profiles: dict[str, Any] | None = None) -> tuple[float, StepTimes]:
-    """One training step, every rank starting together; with `profiles`, each phase is profiled on its own into it,
-    so that an operator's time is told apart by phase."""
+def _step(
+    engine: Any, device: RankDevice, batch: Any, profiles: dict[str, Any] | None = None
+) -> tuple[float, StepTimes]:
+    """One training step on `batch` (moved to the engine's device), every rank starting together, each phase's clock
+    read once its device work is done; with `profiles`, each phase is profiled on its own into it, so that an
+    operator's time is told apart by phase."""
 
     def phase(name: str) -> Any:
         if profiles is None:
@@ -124,16 +128,20 @@ def _step(engine: Any, ids: Any, profiles: dict[str, Any] | None = None) -> tupl
         profiles[name] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         return profiles[name]
 
+    ids = to_device(batch, engine.device)
     torch.distributed.barrier()
     start = time.perf_counter()
     with phase("forward"):
         loss = engine(input_ids=ids, labels=ids).loss
+        synchronize(device)
     forward = time.perf_counter()
     with phase("backward"):
         engine.backward(loss)
+        synchronize(device)
     backward = time.perf_counter()
     with phase("optimizer"):
         engine.step()
+        synchronize(device)
     end = time.perf_counter()
     times: StepTimes = {
         "forward": forward - start,
@@ -144,6 +152,22 @@ def _step(engine: Any, ids: Any, profiles: dict[str, Any] | None = None) -> tupl
     return float(loss.item()), times
 
 
+def _train_steps(
+    this: Rank, spec: ThroughputSpec, engine: Any, device: RankDevice, mine: int
+) -> tuple[list[float], list[StepTimes], int | None]:
+    """The warm-up and measured steps on this rank's micro-batches (`mine`): every step's loss, the measured steps'
+    times, and the device's peak memory over them (None on the CPU)."""
+    losses, steps = [], []
+    with DeviceWindow(device) as on_device:
+        for step in range(spec["warmup"] + spec["steps"]):
+            this.stage(f"step {step}")
+            loss, times = _step(engine, device, step_batches(spec, this.world_size, step)[mine])
+            losses.append(loss)
+            if step >= spec["warmup"]:
+                steps.append(times)
+    return losses, steps, on_device.peak_bytes
+
+
 def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
@@ -151,7 +175,7 @@ def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     rank, world = this.rank, this.world_size
     this.facts["transformers_file"] = transformers.__file__
     this.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    device = start_deepspeed_distributed()
     config = ds_config(spec, world)
     keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference; before from_pretrained
     this.stage("from_pretrained")
@@ -173,18 +197,12 @@ def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, **fused)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     mine = rank // (world // distinct_batches(spec, world))  # consecutive ranks share a tp = ep group's batch
-    losses, steps = [], []
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM: the peak while training
-    for step in range(spec["warmup"] + spec["steps"]):
-        this.stage(f"step {step}")
-        loss, times = _step(engine, step_batches(spec, world, step)[mine])
-        losses.append(loss)
-        if step >= spec["warmup"]:
-            steps.append(times)
+    losses, steps, device_peak = _train_steps(this, spec, engine, device, mine)
     peak = memory_status()["VmHWM"]
     this.stage("profiled step")
     phases: dict[str, Any] = {}
-    _step(engine, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine], phases)
+    _step(engine, device, step_batches(spec, world, spec["warmup"] + spec["steps"])[mine], phases)
     events = {phase: _events(profile) for phase, profile in phases.items()}
     every_event = [_events(profile, count=10_000)[0] for profile in phases.values()]
     return {
@@ -200,6 +218,7 @@ def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
         "profile_top_by_phase": {phase: seconds for phase, (seconds, _) in events.items()},
         "profile_calls_by_phase": {phase: calls for phase, (_, calls) in events.items()},
         "peak_training_bytes": peak,
+        "device_peak_training_bytes": device_peak,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
         "experts_kernel": experts_kernel,
     }

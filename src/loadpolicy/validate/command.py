@@ -12,6 +12,7 @@ from pathlib import Path
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.faults.cases import FaultCase, fault_runs
 from loadpolicy.faults.run import FaultOutcome, build_fault_checkpoints, run_fault
+from loadpolicy.harness.device import describe_launches, visible_gpus
 from loadpolicy.harness.launch import Tree, ValidationFailedError, add_launch_arguments, stop_every_launch
 from loadpolicy.harness.pool import run_all
 from loadpolicy.matrix.cases import Run, fast_matrix, full_matrix
@@ -29,13 +30,6 @@ from loadpolicy.validate.report import (
 )
 
 
-def _visible_gpus() -> int:
-    import torch
-
-    count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count
-
-
 def validate(
     out: Path,
     patches: Path,
@@ -47,20 +41,19 @@ def validate(
     sweep: bool = False,
     jobs: int | None = None,
 ) -> int:
-    trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
     runs = fast_matrix() if fast else full_matrix(sweep=sweep)
-    gpus = _visible_gpus()
-    if gpus >= 2:
-        # One process per GPU: transformers and DeepSpeed then pick CUDA and nccl by themselves.
-        skipped = [run for run in runs if run.ranks > gpus]
-        runs = [run for run in runs if run.ranks <= gpus]
-        print(f"backend: nccl, {gpus} GPUs visible; skipping {len(skipped)} runs that need more ranks than GPUs")
-    else:
-        print("backend: gloo on CPU (fewer than 2 GPUs visible)")
-    jobs = _side_by_side(jobs, gpus)
     cases = PARITY_FAST if fast else PARITY_FULL if sweep else PARITY_MAIN
-    variants = build_fault_checkpoints(checkpoints)
     bad_inputs = fault_runs(fast=fast, sweep=sweep)
+    gpus = visible_gpus()
+    jobs = _side_by_side(jobs, gpus)
+    # One GPU per rank where a launch has enough (transformers, DeepSpeed and the workers then pick CUDA and nccl),
+    # else the launch runs on the CPU with the GPUs hidden: `harness.launch.launch_env` decides each launch so. Said
+    # (or a bad LOADPOLICY_DEVICE refused) before anything is built.
+    ranks = [run.ranks for run in runs] + [r for _, r in bad_inputs]
+    ranks += [r for case in cases for r in (case.ranks, case.resumed_ranks) if r]
+    print(describe_launches(ranks, gpus))
+    trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
+    variants = build_fault_checkpoints(checkpoints)
     print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
     work = _launches(runs, cases, bad_inputs, trees, checkpoints, variants, out, timeout)
     started = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from loadpolicy.bench.contract import BenchSpec
+from loadpolicy.harness.device import host, start_deepspeed_distributed, to_device
 from loadpolicy.harness.rank import Rank, run_rank
 
 
@@ -57,7 +58,8 @@ def _held(params: dict[str, Any], chosen: dict[str, Any], local: Any) -> dict[st
         first, count, _ = partition_place(param)
         where = chosen[name]
         index = torch.nonzero((where >= first) & (where < first + count)).reshape(-1)
-        values = local(param).reshape(-1)[where[index] - first].double()
+        flat = local(param).reshape(-1)  # on the rank's device; the positions and the values read on the host
+        values = host(flat[to_device(where[index] - first, flat.device)]).double()
         held[name] = {"index": index.tolist(), "values": values.tolist()}
     return held
 
@@ -78,7 +80,7 @@ def _step(this: Rank, spec: StepSpec) -> StepRank:
     zero3 = step_config(this.world_size, ids.shape[0])
     keep_alive = HfDeepSpeedConfig(zero3)  # noqa: F841  # held by a weak reference
     this.stage("init_distributed")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    start_deepspeed_distributed()
     this.stage("from_pretrained")
     model = load(spec, getattr(transformers, spec["model_class"]))
     model.train()
@@ -86,6 +88,7 @@ def _step(this: Rank, spec: StepSpec) -> StepRank:
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=zero3)
     this.stage("forward and backward")
+    ids = to_device(ids, engine.device)
     loss = engine(input_ids=ids, labels=ids).loss
     engine.backward(loss)
     params = dict(engine.module.named_parameters())

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from loadpolicy.harness.device import host_rank_device, start_process_group
 from loadpolicy.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.widths.cases import DCP_READERS, Reader
@@ -102,6 +103,7 @@ def _dcp_destination(
     from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
+    # in host memory on any machine, as every reader reads (the process group is the CPU's: `host_rank_device`)
     mesh = init_device_mesh("cpu", (world,))
     owners = {} if experts_whole_on is None else expert_owners(spans, world)
     state: dict[str, Any] = {}
@@ -177,7 +179,9 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     spans = read_spans(checkpoint)
     ranges = share(spans, this.rank, this.world_size)
     this.stage("init_distributed")
-    torch.distributed.init_process_group("gloo")
+    # every reader reads into host memory (the limit a load is measured against, and DCP beside it): the CPU's
+    # backend on any machine
+    start_process_group(host_rank_device())
     state: dict[str, Any] = {}
     if spec["reader"] in DCP_READERS:
         whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
