@@ -88,6 +88,7 @@ DEV_COMMANDS = (
         "loadpolicy.widths.rounds",
     ),
     _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy.widths.step_run"),
+    _LazyCommand("gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy.gpu.run"),
 )
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).

@@ -116,7 +116,9 @@ def test_an_unknown_loadpolicy_device_is_refused_naming_it_and_the_accepted_valu
     gpus: Cuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(dev.DEVICE_ENV, "gpu")
-    with pytest.raises(dev.DeviceChoiceError, match=r"LOADPOLICY_DEVICE='gpu'; accepted: cpu, cuda, or unset"):
+    with pytest.raises(
+        dev.DeviceChoiceError, match=r"LOADPOLICY_DEVICE='gpu'; accepted: cpu, cuda, cuda-shared, or unset"
+    ):
         dev.rank_device(0)
     with pytest.raises(dev.DeviceChoiceError, match="'gpu'"):
         dev.launch_on_cpu(2, gpus=4)
@@ -281,3 +283,19 @@ def test_only_harness_device_picks_a_device_or_a_backend() -> None:
     }
     assert found == {}
     assert _hard_coded(DECIDES.read_text(encoding="utf-8"))  # the one place, where the guard would see them
+
+
+def test_loadpolicy_device_cuda_shared_puts_every_rank_on_the_first_gpu_with_gloo(
+    gpus: Cuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a one-GPU machine's multi-rank check: gloo between the ranks, every tensor on cuda:0
+    gpus.count = 1
+    monkeypatch.setenv(dev.DEVICE_ENV, "cuda-shared")
+    assert dev.rank_device(3) == dev.RankDevice(torch.device("cuda", 0), "gloo")
+    assert gpus.made_current == [0]
+    assert dev.launch_on_cpu(4) is False  # the GPU stays visible to four ranks
+    gpus.count = 0
+    with pytest.raises(dev.DeviceChoiceError, match=r"LOADPOLICY_DEVICE=cuda-shared needs a GPU .*0 visible"):
+        dev.rank_device(0)
+    with pytest.raises(dev.DeviceChoiceError, match=r"cuda-shared"):
+        dev.launch_on_cpu(2)

@@ -32,6 +32,7 @@ LAYERS = {
     "throughput": 6,  # trains AutoEP as one of its ways
     "save": 5,  # saves the bench's models and the real-width shapes
     "widths": 5,  # loads through the bench's worker and cases
+    "gpu": 6,  # reads a published width built by widths.shapes
     "plan": 1,  # a pure model of a launch
     "validate": 7,
     "cli": 8,

@@ -27,9 +27,10 @@ from typing import Any
 from loadpolicy.errors import CommandError
 
 
-# LOADPOLICY_DEVICE: unset (or empty) lets the GPUs visible decide
+# LOADPOLICY_DEVICE: unset (or empty) lets the GPUs visible decide; cuda-shared puts every rank on cuda:0 with gloo
+# (several ranks on one GPU: what a one-GPU machine can show of a multi-rank load)
 DEVICE_ENV = "LOADPOLICY_DEVICE"
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "cuda-shared")
 # the environment of a launch that must not see a GPU
 HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 GPU_BACKEND = "nccl"
@@ -93,9 +94,10 @@ def visible_gpus() -> int:
     return int(counted.stdout.strip())
 
 
-def _too_few_gpus(needed: int, gpus: int) -> DeviceChoiceError:
+def _too_few_gpus(needed: int, gpus: int, value: str = "cuda") -> DeviceChoiceError:
+    what = "a GPU for every rank to share" if value == "cuda-shared" else "one GPU per rank"
     return DeviceChoiceError(
-        f"{DEVICE_ENV}=cuda needs one GPU per rank: {needed} needed, {gpus} visible; accepted: "
+        f"{DEVICE_ENV}={value} needs {what}: {needed} needed, {gpus} visible; accepted: "
         f"{', '.join(DEVICES)}, or unset (a GPU per rank where there are enough, else the CPU)"
     )
 
@@ -108,6 +110,11 @@ def rank_device(local_rank: int | None = None) -> RankDevice:
     index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     requested = requested_device()
     gpus = _gpus_visible()
+    if requested == "cuda-shared":
+        if not gpus:
+            raise _too_few_gpus(1, gpus, "cuda-shared")
+        torch.cuda.set_device(0)
+        return RankDevice(torch.device("cuda", 0), CPU_BACKEND)
     if requested == "cpu" or (requested is None and gpus <= index):
         return RankDevice(torch.device("cpu"), CPU_BACKEND)
     if gpus <= index:
@@ -196,6 +203,10 @@ def launch_on_cpu(ranks: int, gpus: int | None = None) -> bool:
     if requested == "cpu":
         return True
     count = visible_gpus() if gpus is None else gpus
+    if requested == "cuda-shared":
+        if not count:
+            raise _too_few_gpus(1, count, "cuda-shared")
+        return False
     if requested == "cuda" and count < ranks:
         raise _too_few_gpus(ranks, count)
     return count < ranks

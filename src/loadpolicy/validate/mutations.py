@@ -20,6 +20,7 @@ from loadpolicy.validate.checks import (
     in_tree,
 )
 from loadpolicy.validate.mutation import Mutation
+from loadpolicy.validate.mutations_device import DEVICE_MUTATIONS
 from loadpolicy.validate.mutations_saving import SAVING_MUTATIONS
 
 
@@ -656,4 +657,5 @@ MUTATIONS = (
         "has run, but no DeepSpeed config is active' not found in",
     ),
     *SAVING_MUTATIONS,
+    *DEVICE_MUTATIONS,
 )
