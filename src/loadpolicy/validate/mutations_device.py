@@ -1,5 +1,5 @@
 """The mutations of what only an accelerator would show: staging buffers, asynchronous copies, buffer and collective
-devices. Each one's check shows it on the CPU (a deferred copy step, a renamed accelerator, a mocked current device)."""
+devices. Each one's check shows it on the CPU (a deferred copy step, a renamed accelerator, a mocked device index)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ DEVICE_MUTATIONS = (
         "a staged write waits for the copy into its buffer before it writes",
         Target.TREE,
         READS,
-        "            if done is not None:\n                done.synchronize()\n            _pwrite(file, offset, staged)\n",
+        "            if done is not None:\n"
+        "                done.synchronize()\n"
+        "            _pwrite(file, offset, staged)\n",
         "            _pwrite(file, offset, staged)\n",
         in_tree("test_writes_from_another_dtype_are_written_once_their_copies_are_done"),
         "torch.equal\\(written, values.long\\(\\)\\)",
