@@ -155,14 +155,29 @@ def _against_reference(trained_dir: Path, reference_dir: Path, checkpoint: Path)
     return diff, sum(1 for n in common if n in loaded and not torch.equal(trained[n], loaded[n]))
 
 
+def _load(case: Case, checkpoint: Path, world: int, device: RankDevice) -> tuple[Any, float, int | None]:
+    """The case's `from_pretrained`: the model, its seconds (the device synchronised) and the device's peak."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from transformers import DistributedConfig  # noqa: PLC0415
+
+    from loadpolicy.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if case.ep:
+        kwargs["distributed_config"] = DistributedConfig(fsdp_size=world, ep_size=world)
+    cls = getattr(transformers, ARCHITECTURES[checkpoint.name].model_class)
+    start = time.perf_counter()
+    with DeviceWindow(device) as on_device:
+        model = cls.from_pretrained(checkpoint, **kwargs)
+    return model, time.perf_counter() - start, on_device.peak_bytes
+
+
 def _distributed(this: Rank, spec: GpuSpec) -> dict[str, Any]:
     import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
-    from transformers import DistributedConfig  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
-
-    from loadpolicy.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
 
     _exact_matmuls()
     case, world, checkpoint = CASES_BY_NAME[spec["case"]], this.world_size, Path(spec["checkpoint"])
@@ -171,14 +186,7 @@ def _distributed(this: Rank, spec: GpuSpec) -> dict[str, Any]:
     this.stage("init_distributed")
     device = start_deepspeed_distributed()
     this.stage("from_pretrained")
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if case.ep:
-        kwargs["distributed_config"] = DistributedConfig(fsdp_size=world, ep_size=world)
-    cls = getattr(transformers, ARCHITECTURES[checkpoint.name].model_class)
-    start = time.perf_counter()
-    with DeviceWindow(device) as on_device:
-        model = cls.from_pretrained(checkpoint, **kwargs)
-    load_seconds = time.perf_counter() - start
+    model, load_seconds, load_peak = _load(case, checkpoint, world, device)
     this.stage("placement")
     misplaced, placed = _misplaced(model, case, device)
     out = Path(spec["out"])
@@ -208,7 +216,7 @@ def _distributed(this: Rank, spec: GpuSpec) -> dict[str, Any]:
         "policy": None if policy is None else type(policy).__name__,
         "transformers_file": transformers.__file__,
         "load_seconds": load_seconds,
-        "device_peak_bytes": on_device.peak_bytes,
+        "device_peak_bytes": load_peak,
         "misplaced": misplaced,
         "placed": placed,
         "losses": losses,
