@@ -150,9 +150,16 @@ def test_in_tree_tests_skip_cleanly_without_deepspeed(patched: Path, tmp_path: P
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " skipped" in summary, summary
     assert not any(word in summary for word in ("failed", "error")), summary
-    # Only the range readers and writers and the planned save layout run without DeepSpeed: they compare reads and
-    # writes of a safetensors file, and a layout planned from metadata, with torch and `save_pretrained`
-    without_deepspeed = ("::RangeReadersTest::", "::RangeWritersTest::", "::SaveLayoutTest::")
+    # Only the range readers and writers, the staging buffers, the collective's device and the planned save layout
+    # run without DeepSpeed: they compare reads and writes of a safetensors file, a backend config's device, and a
+    # layout planned from metadata, with torch and `save_pretrained`
+    without_deepspeed = (
+        "::RangeReadersTest::",
+        "::RangeWritersTest::",
+        "::StagingTest::",
+        "::CollectiveDeviceTest::",
+        "::SaveLayoutTest::",
+    )
     passed = [line.split()[0] for line in done.stdout.splitlines() if " PASSED" in line]
     assert all(any(kind in test for kind in without_deepspeed) for test in passed), passed
 
