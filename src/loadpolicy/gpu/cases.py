@@ -22,11 +22,6 @@ class Case:
     ep: bool = False  # EPMeta: token dispatch, DistributedConfig(fsdp_size=W, ep_size=W)
     offload: bool = False  # ZeRO-3 offload_param to the CPU: partitions on the host, gathered onto the GPU
 
-    @property
-    def partition_device(self) -> str:
-        """Where the case's partitions must be: the host under offload, else the rank's device."""
-        return "cpu" if self.offload else "rank"
-
 
 # The model holds a routing bias buffer (DeepSeek-V3's e_score_correction_bias), which must sit on the GPU
 MODEL_TYPE = "deepseek_v3"

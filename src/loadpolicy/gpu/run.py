@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.errors import CommandError, positive_int
-from loadpolicy.gpu.cases import CASES, CASES_BY_NAME, MODEL_TYPE, Case, Kind
+from loadpolicy.gpu.cases import CASES, CASES_BY_NAME, MODEL_TYPE, STEPS, Case, Kind
 from loadpolicy.gpu.contract import GpuSpec, ReadResult, ReferenceResult, TrainResult
 from loadpolicy.gpu.judge import gigabytes_per_second, judge
 from loadpolicy.harness.device import DEVICE_ENV, visible_gpus
@@ -103,7 +103,8 @@ def gpu_check(args: argparse.Namespace, cases: list[Case]) -> list[Row]:
             "out": str(out / "saves" / case.name),
             "world": args.read_world if case.kind is Kind.READ else case.ranks,
         }
-        if case.kind is Kind.READ and not checkpoint.exists():  # built by the first reference, or here
+        # the read case on the tiny model (no --read-shape) needs it built: by the first reference, or here
+        if read_checkpoint == checkpoint and not checkpoint.exists():
             reference = launch(
                 WORKER,
                 {**spec, "mode": "reference", "world": 1},
@@ -139,7 +140,7 @@ def render_markdown(rows: list[Row], skipped: list[str], command: str, on_cpu: b
     lines = [
         "# GPU check",
         "",
-        f"`{command}`, {where}; patched tree; tiny {MODEL_TYPE} (float32) for the loads, each trained {3} steps "
+        f"`{command}`, {where}; patched tree; tiny {MODEL_TYPE} (float32) for the loads, each trained {STEPS} steps "
         "against one device trained on every rank's batches. docs/gpu.md.",
         "",
         "| case | ranks | device | outcome | load s | device peak GiB | trained vs one device (bound) | read GB/s |",

@@ -111,7 +111,7 @@ def _zero3_config(case: Case) -> dict[str, Any]:
 def _misplaced(model: Any, case: Case, device: RankDevice) -> tuple[list[str], int]:
     """Every partition, placeholder (what a parameter is between gathers) and buffer not where the case needs it:
     partitions on the rank's device (the host under offload), placeholders and buffers on the rank's device."""
-    partition_device = device.device.type if case.partition_device == "rank" else "cpu"
+    partition_device = "cpu" if case.offload else device.device.type
     problems, checked = [], 0
     for name, param in model.named_parameters():
         checked += 1
