@@ -134,11 +134,33 @@ def test_the_killed_rank_and_the_stopped_ones_are_read_from_torchrun(tmp_path: P
     assert _launcher_signal(0, tmp_path) == "SIGTERM"
     assert _describe(None, 1, tmp_path).startswith("killed (SIGKILL)")
     killed = next(case for case in FAULT_CASES if case.killed)
-    assert _expectation_problems(killed, 1, [None, None], tmp_path) == []
+    named = {
+        "error": "RuntimeError: Ranks [1] did not finish loading in `from_pretrained` within 15s of this rank",
+        "warnings": [],
+        "seconds": 16.0,
+    }
+    assert _expectation_problems(killed, 1, [named, None], tmp_path) == []
     survivor = {"error": None, "warnings": [], "seconds": 1.0}
-    assert _expectation_problems(killed, 1, [survivor, None], tmp_path) == [
-        "a rank finished loading although another was killed"
-    ]
+    assert "a rank finished loading although another was killed" in _expectation_problems(
+        killed, 1, [survivor, None], tmp_path
+    )
+    # a survivor stopped without a result (torchrun's SIGTERM) has learnt nothing
+    assert _expectation_problems(killed, 1, [None, None], tmp_path) == ["rank 0: no result"]
+
+
+def test_a_rank_that_ends_with_its_backends_error_fails_the_case(tmp_path: Path) -> None:
+    (tmp_path / "launcher.log").write_text(TORCHRUN_SUMMARY, encoding="utf-8")
+    killed = next(case for case in FAULT_CASES if case.killed)
+    closed = {
+        "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:51329",
+        "warnings": [],
+        "seconds": 1.0,
+    }
+    problems = _expectation_problems(killed, 1, [closed, None], tmp_path)
+    assert problems[0].startswith("rank 0 ended with its backend's error, not the failing rank's: RuntimeError")
+    one_view = next(case for case in FAULT_CASES if case.bad_rank == "1" and not case.killed)
+    own = {"error": "OSError: model.safetensors is truncated: its header describes 10 bytes", "seconds": 1.0}
+    assert _expectation_problems(one_view, 1, [closed, own], tmp_path)[0].startswith("rank 0 ended with its backend")
 
 
 def test_every_rank_must_raise_and_the_bad_rank_its_own_error(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadpolicy.harness.launch import Launcher
 from loadpolicy.shape import EPLayout
 
 
@@ -18,7 +19,10 @@ class FaultCase:
     then_collective: bool = False  # the script's next collective after loading (a barrier)
     device_map: str | None = None
     bad_rank: str | None = None  # "1" or "last": the one rank whose view differs (checkpoint or kill)
-    killed: bool = False  # the bad rank is SIGKILLed while loading
+    killed: bool = False  # the bad rank is SIGKILLed once it has read its weights, before anything that follows
+    # torchrun stops every rank once one fails; `Launcher.NODES` (an agent per rank, as on separate nodes) does not,
+    # so the survivors' own errors are what is judged
+    launcher: Launcher = Launcher.TORCHRUN
     # What every rank must raise (a substring), or for the bad rank and the others when they differ
     error: str | None = None
     bad_rank_error: str | None = None
@@ -92,7 +96,17 @@ def _cases() -> tuple[FaultCase, ...]:
 def _cases_of_a_rank_that_dies_or_differs() -> tuple[FaultCase, ...]:
     """The cases where one rank is killed, or holds ZeRO-3 alone, or the config comes only after loading."""
     return (
-        FaultCase("a rank SIGKILLed while loading", bad_rank="1", killed=True),
+        FaultCase(
+            "a rank SIGKILLed between its reads and the tie check, one agent per rank",
+            # config.json ties the embeddings and the head that the checkpoint stores apart: the first collective
+            # after the reads is the tie check's all-reduce
+            checkpoint="tied_pair",
+            bad_rank="last",
+            killed=True,
+            launcher=Launcher.NODES,
+            error="Ranks [{bad}] did not finish loading in `from_pretrained` within 15s",
+            env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "15"),),
+        ),
         *(
             FaultCase(
                 f"plain load, ZeRO-3 config on rank 0 only, {where}",

@@ -15,7 +15,7 @@ class FaultSpec(TypedDict):
     distributed: dict[str, int | bool] | None
     zero3: str  # "before", "after" or "rank 0 only": when the ZeRO-3 config exists
     device_map: str | None
-    kill_rank: int | None  # the rank SIGKILLed while loading
+    kill_rank: int | None  # the rank SIGKILLed once it has read its weights
     warning: str | None  # the warning to record, when the case only warns
     process_group: bool  # initialized before from_pretrained
     then_collective: bool  # a barrier after loading

@@ -21,14 +21,18 @@ from loadpolicy.harness.device import rank_device, start_process_group, training
 from loadpolicy.harness.rank import Rank
 
 
-def _kill_this_rank_while_loading() -> None:
-    """SIGKILL this process from inside the weight loading, as an OOM killer or a lost node would."""
+def _kill_this_rank_after_its_reads() -> None:
+    """SIGKILL this process once it has read its weights and before anything that follows them (the outcome's
+    exchange, the tie check), as an OOM killer or a lost node would."""
     from transformers import modeling_utils  # noqa: PLC0415
 
-    def killed(*_: Any, **__: Any) -> None:
+    read = modeling_utils.PreTrainedModel._load_pretrained_model
+
+    def read_then_killed(*args: Any, **kwargs: Any) -> None:
+        read(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    modeling_utils.PreTrainedModel._load_pretrained_model = staticmethod(killed)
+    modeling_utils.PreTrainedModel._load_pretrained_model = staticmethod(read_then_killed)
 
 
 def _model_class(spec: FaultSpec) -> Any:
@@ -58,7 +62,7 @@ def _load(spec: FaultSpec, model_class: Any, rank: int, world: int, out: str) ->
         kwargs["device_map"] = spec["device_map"]
     checkpoint = spec["checkpoints"].get(str(rank), spec["checkpoints"]["*"])
     if spec["kill_rank"] == rank:
-        _kill_this_rank_while_loading()
+        _kill_this_rank_after_its_reads()
     model = model_class.from_pretrained(checkpoint, **kwargs)
     if spec["then_collective"]:
         # What a script does next (deepspeed.initialize, a training step): its first collective after loading
@@ -101,7 +105,8 @@ def main(spec_path: str, out_dir: str) -> None:
     # their own outcome first (the outcome and its time are already written; this only delays the exit).
     # (Not when the others only end once this rank has exited: they wait in a collective for it.)
     deadline = time.monotonic() + (0 if spec["others_end"] else 20)
-    while time.monotonic() < deadline and not all((out / f"rank{r}.json").exists() for r in range(world)):
+    expected = [r for r in range(world) if r != spec["kill_rank"]]  # a killed rank writes nothing
+    while time.monotonic() < deadline and not all((out / f"rank{r}.json").exists() for r in expected):
         time.sleep(0.2)
     # Exit like a user script that does not catch the error, so the launcher sees the failure.
     sys.exit(1 if error else 0)

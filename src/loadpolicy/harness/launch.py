@@ -43,6 +43,8 @@ STOCK_DEVICE_MAP_ERROR = "DeepSpeed Zero-3 is not compatible with passing a `dev
 class Launcher(enum.StrEnum):
     TORCHRUN = "torchrun"
     ACCELERATE = "accelerate"
+    # one torchrun agent per rank, as on separate nodes (`harness/nodes.py`): a rank that dies stops no other
+    NODES = "nodes"
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
@@ -105,6 +107,8 @@ def launch_command(launcher: Launcher, ranks: int, worker: list[str], out: Path,
     if launcher is Launcher.TORCHRUN:
         run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}"]
         return [*run, *worker]
+    if launcher is Launcher.NODES:
+        return [sys.executable, "-m", "loadpolicy.harness.nodes", str(ranks), str(port), *worker]
     config = accelerate_config(out / "accelerate.yaml", ranks, port, on_cpu=on_cpu)
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *worker]
 
