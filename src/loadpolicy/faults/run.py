@@ -57,7 +57,8 @@ def build_fault_checkpoints(checkpoints: Path) -> dict[str, Path]:
     # The embeddings and the head stored apart, and a config that ties them: loading compares the pair (collectively
     # under ZeRO-3) before it ties or keeps them apart
     tied = json.loads((variants["tied_pair"] / "config.json").read_text(encoding="utf-8"))
-    (variants["tied_pair"] / "config.json").write_text(json.dumps(tied | {"tie_word_embeddings": True}), encoding="utf-8")
+    tied["tie_word_embeddings"] = True
+    (variants["tied_pair"] / "config.json").write_text(json.dumps(tied), encoding="utf-8")
     state = load_file(variants["missing_expert"] / "model.safetensors")
     save_file(
         {k: v for k, v in state.items() if ".experts.3." not in k},
@@ -164,11 +165,7 @@ def _expectation_problems(
         if result is not None and _backend_error(str(result["error"])) and not (case.others_end and rank)
     ]
     if case.killed:
-        if _launcher_signal(bad or 0, out) != "SIGKILL":
-            problems.append(f"torchrun did not report rank {bad} as killed")
-        survivors = [r for rank, r in enumerate(results) if rank != bad and r is not None and not r["error"]]
-        if survivors:
-            problems.append("a rank finished loading although another was killed")
+        problems += _killed_problems(bad, results, out)
     for rank, result in enumerate(results):
         if case.killed and rank == bad:
             continue
@@ -189,9 +186,20 @@ def _expectation_problems(
     return problems
 
 
+def _killed_problems(bad: int | None, results: list[dict[str, Any] | None], out: Path) -> list[str]:
+    problems = []
+    if _launcher_signal(bad or 0, out) != "SIGKILL":
+        problems.append(f"torchrun did not report rank {bad} as killed")
+    if any(rank != bad and r is not None and not r["error"] for rank, r in enumerate(results)):
+        problems.append("a rank finished loading although another was killed")
+    return problems
+
+
 # What a collective reports when a peer has gone: gloo at once, NCCL only at its timeout. A rank that ends with one of
 # these learnt nothing of why
-BACKEND_ERRORS = re.compile(r"Connection closed by peer|Connection reset by peer|NCCL (error|communicator)|Watchdog caught")
+BACKEND_ERRORS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|NCCL (error|communicator)|Watchdog caught"
+)
 
 
 def _backend_error(error: str) -> bool:
