@@ -135,7 +135,7 @@ def test_the_killed_rank_and_the_stopped_ones_are_read_from_torchrun(tmp_path: P
     assert _describe(None, 1, tmp_path).startswith("killed (SIGKILL)")
     killed = next(case for case in FAULT_CASES if case.killed)
     named = {
-        "error": "RuntimeError: Ranks [1] did not finish loading in `from_pretrained` within 15s of this rank",
+        "error": "RuntimeError: Ranks [1] did not finish loading in `from_pretrained` within 8s of this rank",
         "warnings": [],
         "seconds": 16.0,
     }

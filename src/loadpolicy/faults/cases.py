@@ -104,8 +104,8 @@ def _cases_of_a_rank_that_dies_or_differs() -> tuple[FaultCase, ...]:
             bad_rank="last",
             killed=True,
             launcher=Launcher.NODES,
-            error="Ranks [{bad}] did not finish loading in `from_pretrained` within 15s",
-            env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "15"),),
+            error="Ranks [{bad}] did not finish loading in `from_pretrained` within 8s",
+            env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "8"),),
         ),
         *(
             FaultCase(
