@@ -89,6 +89,11 @@ DEV_COMMANDS = (
     ),
     _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy.widths.step_run"),
     _LazyCommand("gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy.gpu.run"),
+    _LazyCommand(
+        "store-scaling",
+        "the store exchanges of a collective load (agreement, load outcome) before and after, at W = 8 to 1,024",
+        "loadpolicy.upstream.store_command",
+    ),
 )
 
 # Built-in launches for trying the tool without writing a config: name -> (DeepSpeed config, DistributedConfig sizes).
