@@ -19,10 +19,9 @@ class FaultCase:
     then_collective: bool = False  # the script's next collective after loading (a barrier)
     device_map: str | None = None
     bad_rank: str | None = None  # "1" or "last": the one rank whose view differs (checkpoint or kill)
-    killed: bool = False  # the bad rank is SIGKILLed once it has read its weights, before anything that follows
-    # torchrun stops every rank once one fails; `Launcher.NODES` (an agent per rank, as on separate nodes) does not,
-    # so the survivors' own errors are what is judged
-    launcher: Launcher = Launcher.TORCHRUN
+    # The bad rank is SIGKILLed once it has read its weights, before anything that follows. Such a case runs one agent
+    # per rank (`Launcher.NODES`, as on separate nodes): torchrun would stop the survivors, whose errors are judged
+    killed: bool = False
     # What every rank must raise (a substring), or for the bad rank and the others when they differ
     error: str | None = None
     bad_rank_error: str | None = None
@@ -36,6 +35,9 @@ class FaultCase:
     # The error comes from the configuration or the file alone, the same on every rank whatever their number: the
     # main job runs it at 2 ranks, the sweep at 4 too
     same_at_any_world_size: bool = False
+
+    def launcher(self) -> Launcher:
+        return Launcher.NODES if self.killed else Launcher.TORCHRUN
 
 
 def _cases() -> tuple[FaultCase, ...]:
@@ -103,7 +105,6 @@ def _cases_of_a_rank_that_dies_or_differs() -> tuple[FaultCase, ...]:
             checkpoint="tied_pair",
             bad_rank="last",
             killed=True,
-            launcher=Launcher.NODES,
             error="Ranks [{bad}] did not finish loading in `from_pretrained` within 8s",
             env=(("TRANSFORMERS_LOAD_OUTCOME_TIMEOUT", "8"),),
         ),

@@ -104,7 +104,7 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         "others_end": case.others_end,
     }
     launched = launch(
-        "loadpolicy.faults.worker", spec, tree, out, ranks, LAUNCH_BOUND, launcher=case.launcher, env=dict(case.env)
+        "loadpolicy.faults.worker", spec, tree, out, ranks, LAUNCH_BOUND, launcher=case.launcher(), env=dict(case.env)
     )
     results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
     per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
