@@ -62,7 +62,9 @@ DEV_COMMANDS = (
         "loadpolicy.validate.command",
     ),
     _LazyCommand(
-        "mutants", "break one behaviour at a time and show which check catches it", "loadpolicy.validate.mutants"
+        "mutants",
+        "break one behaviour at a time and show which check catches it",
+        "loadpolicy.validate.mutants.command",
     ),
     _LazyCommand("bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy.bench.run"),
     _LazyCommand(

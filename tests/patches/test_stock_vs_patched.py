@@ -75,17 +75,10 @@ def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, P
 
 def test_every_mutation_finds_its_text_once_in_the_code_it_breaks(trees: tuple[Path, Path]) -> None:
     """`tox -e mutants` fails on a mutation whose text moved; this says so in `tox -e patches`, on every change of the
-    series or of `policy.py`, without running the mutants."""
-    import loadpolicy
-    from loadpolicy.validate.checks import Target, installed_package
-    from loadpolicy.validate.mutations import MUTATIONS
+    series or of `policy.py`, without running the mutants (`loadpolicy dev mutants --check-table` checks the rest)."""
+    from loadpolicy.validate.mutants.table import MUTATIONS
+    from loadpolicy.validate.mutants.table_check import package_roots, text_problems
 
     _, patched = trees
-    roots = {Target.TREE: patched / "src" / "transformers", Target.POLICY: Path(loadpolicy.__file__).parent}
     # the installed PEFT and DeepSpeed: this environment installs their series before these tests
-    for target in (Target.PEFT, Target.DEEPSPEED):
-        if (package := installed_package(target)) is not None:
-            roots[target] = package
-    assert {m.target for m in MUTATIONS} <= set(roots), "a mutation targets code this environment lacks (PEFT?)"
-    counts = {m.name: (roots[m.target] / m.path).read_text(encoding="utf-8").count(m.old) for m in MUTATIONS}
-    assert counts == dict.fromkeys(counts, 1)
+    assert text_problems(MUTATIONS, package_roots(patched)) == []

@@ -82,3 +82,17 @@ def test_no_function_is_over_60_lines() -> None:
         and node.end_lineno - node.lineno + 1 > 60
     ]
     assert long == []
+
+
+# Modules over the bound before it was written down, each to be split when next worked on; none may join them.
+OVER_400_LINES = {"parity/worker.py", "policy.py", "widths/run.py"}
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """The module bound beside the function bound: a module that grows past it is split by subject."""
+    long = {
+        path.relative_to(PACKAGE).as_posix(): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert set(long) <= OVER_400_LINES, {name: n for name, n in long.items() if name not in OVER_400_LINES}

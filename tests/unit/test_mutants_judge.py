@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from loadpolicy.validate.mutants import Outcome, excerpt, judge
-from loadpolicy.validate.mutations import MUTATIONS
+from loadpolicy.validate.mutants.run import Outcome, excerpt, judge
+from loadpolicy.validate.mutants.table import MUTATIONS
 
 
 def test_a_failure_with_the_expected_message_is_caught() -> None:

@@ -232,6 +232,45 @@ def test_export_fails_a_rank_that_gathered_instead_of_writing_its_partitions(wro
     assert problems == ["rank 0: saved by gathering, not by writing its own partitions"]
 
 
+@pytest.mark.parametrize("wrote", [True, None])
+def test_an_unshared_export_fails_a_rank_that_did_not_gather(wrote: bool | None) -> None:
+    """Ranks that save into directories of their own cannot write partitions into one set of files: every one must
+    have gathered (the gathered save is what `save-repeats-own-shard` breaks)."""
+    ranks = saved_ranks()
+    for rank in ranks:
+        rank["export"]["wrote_partitions"] = False
+    if wrote is None:
+        del ranks[1]["export"]["wrote_partitions"]
+    else:
+        ranks[1]["export"]["wrote_partitions"] = wrote
+    problems = compare_export(single(), reloaded_export(), ranks, gathered=True)
+    assert problems == ["rank 1: wrote partitions, though each rank saved into a directory of its own"]
+
+
+def test_an_unshared_export_that_gathered_passes_and_is_still_judged_by_its_reload() -> None:
+    ranks = saved_ranks()
+    for rank in ranks:
+        rank["export"]["wrote_partitions"] = False
+    assert compare_export(single(), reloaded_export(), ranks, gathered=True) == []
+    reload = reloaded_export()
+    reload["weights"][EXPERT][2:] = reload["weights"][EXPERT][:2]  # rank 0's experts repeated where rank 1's belong
+    problems = compare_export(single(), reload, ranks, gathered=True)
+    assert problems == [f"reloaded {EXPERT} differs from one process by 5.71e-01 (relative)"], problems
+
+
+def test_an_unshared_export_is_a_case_only_input_with_its_own_label(tmp_path: Path) -> None:
+    from loadpolicy.parity.run import _CASE_ONLY, _worker_spec
+
+    case = ParityCase("mixtral", 2, Trainer.DEEPSPEED, export=True, export_unshared=True)
+    assert _worker_spec(case, tmp_path, tmp_path)["export_unshared"] is True
+    assert (
+        _worker_spec(ParityCase("mixtral", 2, Trainer.DEEPSPEED, export=True), tmp_path, tmp_path)["export_unshared"]
+        is False
+    )
+    assert "export_unshared" in _CASE_ONLY
+    assert "gathered to rank 0" in case.label
+
+
 def test_export_fails_a_rank_without_a_record_of_saving() -> None:
     ranks = saved_ranks()
     del ranks[1]["export"]

@@ -203,6 +203,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "frozen": [],
             "checkpoint_dir": "",
             "export_dir": "",
+            "export_unshared": False,
             "save_steps": 0,
             "resume_from": "",
             "offload": False,

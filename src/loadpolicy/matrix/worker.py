@@ -157,15 +157,29 @@ def _load_every_case(rank: Rank, spec: MatrixSpec) -> dict[str, Any]:
     if spec["zero3"]:
         rank.stage("enable ZeRO-3")
         keep_alive = _enable_zero3(spec, device)  # noqa: F841  # HfDeepSpeedConfig is held by a weak reference
-    for case in spec["cases"]:
+    for index, case in enumerate(spec["cases"]):
         rank.stage(f"{case['arch']}: from_pretrained")
         try:
             results[case["arch"]] = _check(rank, spec, case, references[case["arch"]], ids)
-        except Exception as exc:  # recorded per architecture; the next one still runs
+        except Exception as exc:  # recorded per architecture; the next one still runs if the ranks can load together
             failure = rank.failure(exc)
             results[case["arch"]] = {"error": failure["error"], "stage": failure["stage"]}
             results[case["arch"]]["traceback"] = failure["traceback"]
+            if not torch.distributed.is_initialized():
+                _record_not_loaded(results, spec["cases"][index + 1 :], case["arch"])
+                break
     return {}
+
+
+def _record_not_loaded(results: dict[str, LoadCheck], cases: list[MatrixCase], failed: str) -> None:
+    """A collective load that fails aborts the process group (the patched tree), so that no rank waits in a
+    collective for a peer that has gone; a new one on the same store would read the aborted group's addresses (torch
+    keys them by a group count the abort resets), so the ranks cannot load together again in this launch."""
+    for case in cases:
+        results[case["arch"]] = {
+            "error": f"not loaded: the failed load of {failed} left no process group to load it with",
+            "stage": f"{case['arch']}: not started",
+        }
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class ParityCase:
     dispatch: bool = False
     # After training, save a Hub checkpoint the trainer's way and reload it in one process on the stock tree
     export: bool = False
+    # With `export`: every rank saves into a directory of its own, as ranks without a shared filesystem see theirs, so
+    # `save_pretrained` gathers the weights to rank 0 instead of writing partitions; rank 0's directory is reloaded
+    export_unshared: bool = False
     # HF Trainer only: 4 steps with a checkpoint after 2, then a new launch resumes from it and must end the same
     resume: bool = False
     # ZeRO-3 offloads parameters and optimizer states to the CPU (`offload_param`, `offload_optimizer`): what users
@@ -86,6 +89,7 @@ class ParityCase:
         extra += f" | dp {self.dp} x ep {self.ranks // self.dp}" if self.dp > 1 else ""
         extra += " | token dispatch (every rank its own batch)" if self.dispatch else ""
         extra += " | save_pretrained -> reload" if self.export else ""
+        extra += " (each rank its own directory: gathered to rank 0)" if self.export_unshared else ""
         extra += " | resume after 2 of 4 steps" if self.resume else ""
         extra += " | parameters and optimizer offloaded to the CPU" if self.offload else ""
         extra += " | LoRA on attention and experts" if self.lora else ""
@@ -178,6 +182,8 @@ PARITY_FULL = (
     *TOKEN_DISPATCH,
     *RECIPES,
     *RESUME_TOPOLOGY,
+    # ranks that do not share the save directory: the gathered save, its expert shards from every rank
+    ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True, export_unshared=True),
 )
 # Save -> reload runs on the stock tree's one-process load (an independent reference), so each patched way of
 # training that saves has one export case here.

@@ -84,6 +84,8 @@ class ParitySpec(TypedDict):
     frozen: list[str]  # parameter names kept frozen
     checkpoint_dir: str  # "" for none: where `save_checkpoint` writes
     export_dir: str  # "" for none: where the trained model is saved for the Hub
+    # every rank but rank 0 saves into `export_dir` + ".rank<R>" instead: directories the other ranks do not see
+    export_unshared: bool
     save_steps: int  # 0 for none: the Trainer's checkpoint interval
     resume_from: str  # "" for none: the Trainer checkpoint, or DeepSpeed's Universal Checkpoint, a launch resumes from
     offload: bool  # ZeRO-3 offloads parameters and optimizer states to the CPU

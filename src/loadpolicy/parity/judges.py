@@ -177,15 +177,22 @@ def offline_consolidation_problems(results: list[TrainedRank]) -> list[str]:
 
 
 def compare_export(
-    single: SingleRun, reload: Reloaded, results: list[TrainedRank], adapter: bool = False
+    single: SingleRun, reload: Reloaded, results: list[TrainedRank], adapter: bool = False, gathered: bool = False
 ) -> list[str]:
     """Judge a reloaded export against the single process. A missing field or a NaN fails. A LoRA `adapter` is
-    gathered to be saved (it is small), so only a whole model must have been written by partitions."""
+    gathered to be saved (it is small), so only a whole model must have been written by partitions; where the ranks
+    saved into directories of their own (`gathered`), none can have written partitions into one set of files."""
     problems = [f"rank {rank}: no record of saving" for rank, r in enumerate(results) if "export" not in r]
+    if gathered:
+        problems += [
+            f"rank {rank}: wrote partitions, though each rank saved into a directory of its own"
+            for rank, r in enumerate(results)
+            if "export" in r and r["export"].get("wrote_partitions") is not False
+        ]
     problems += [
         f"rank {rank}: saved by gathering, not by writing its own partitions"
         for rank, r in enumerate(results)
-        if not adapter and "export" in r and r["export"].get("wrote_partitions") is not True
+        if not adapter and not gathered and "export" in r and r["export"].get("wrote_partitions") is not True
     ]
     problems += [f"reload: {kind} {names[:4]}" for kind, names in reload["loading_info"].items() if names]
     problems += _names_differ("saved tensor names", set(reload["keys_on_disk"]), set(reload["keys_in_checkpoint"]))

@@ -57,9 +57,7 @@ def run_parity(
     """Run `case` against its one-process reference. `references`, shared by the cases of one validation, keeps each
     reference's directory by what trains it, so cases that train the same way run it once."""
     spec = _worker_spec(case, checkpoints, out)
-    # what an earlier run left there (another case, when the cases change) must not be judged as this one's
-    for written in filter(None, (spec["export_dir"], spec["checkpoint_dir"])):
-        shutil.rmtree(written, ignore_errors=True)
+    _clear_earlier_outputs(spec, out)
     start = time.monotonic()
     known = {} if references is None else references
     reference, error = _reference(spec, case.ranks, trees[Tree.STOCK], out / "single", timeout, known)
@@ -94,6 +92,14 @@ def run_parity(
     return _outcome(case, start, problems, detail, loss_rel, weight_rel)
 
 
+def _clear_earlier_outputs(spec: ParitySpec, out: Path) -> None:
+    """What an earlier run left in `out` (another case, when the cases change) must not be judged as this one's."""
+    for written in filter(None, (spec["export_dir"], spec["checkpoint_dir"])):
+        shutil.rmtree(written, ignore_errors=True)
+    for unshared in out.glob("export.rank*"):  # the directories of the other ranks of an unshared export
+        shutil.rmtree(unshared, ignore_errors=True)
+
+
 def _passed_detail(case: ParityCase, results: list[TrainedRank], loss_rel: float, weight_rel: float) -> str:
     """What a passing case showed, after training and after what the user does next."""
     detail = f"losses {loss_rel:.1e}, weights {weight_rel:.1e} (max relative diff)"
@@ -124,6 +130,7 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
         "frozen": list(FROZEN) if case.checkpoint else [],
         "checkpoint_dir": str((out / "ds_checkpoint").resolve()) if case.checkpoint or case.resumed_ranks else "",
         "export_dir": str((out / "export").resolve()) if case.export else "",
+        "export_unshared": case.export_unshared,
         "save_steps": RESUME_AFTER if case.resume else 0,
         "resume_from": "",
         "offload": case.offload,
@@ -135,7 +142,7 @@ def _worker_spec(case: ParityCase, checkpoints: Path, out: Path) -> ParitySpec:
 
 
 # What a spec holds only for the distributed run: the one-process reference trains the same without them.
-_CASE_ONLY = ("mode", "offload", "checkpoint_dir", "export_dir", "save_steps", "resume_from")
+_CASE_ONLY = ("mode", "offload", "checkpoint_dir", "export_dir", "export_unshared", "save_steps", "resume_from")
 
 
 def _reference(
@@ -234,7 +241,7 @@ def _export_problems(
     reload = parse(raw, Reloaded)
     if isinstance(reload, RankFailure):
         return [f"reload: {reload.error[:300]}"]
-    return compare_export(single, reload, results, adapter=spec["lora"])
+    return compare_export(single, reload, results, adapter=spec["lora"], gathered=spec["export_unshared"])
 
 
 RESUMED_STEPS = 3

@@ -202,10 +202,13 @@ def save_for_the_hub(spec: ParitySpec, stage: Stage, save: Callable[[str], None]
         write_partitions(*args)
 
     deepspeed_partition_writes._write_partitions = counted
+    directory, rank = spec["export_dir"], int(os.environ.get("RANK", "0"))
+    if spec["export_unshared"] and rank != 0:  # a directory no other rank sees, as on a node with its own disk
+        directory = f"{directory}.rank{rank}"
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
     before = memory_status()["VmRSS"]
     try:
-        save(spec["export_dir"])
+        save(directory)
     finally:
         deepspeed_partition_writes._write_partitions = write_partitions
     return {"save_peak_rise_mib": (memory_status()["VmHWM"] - before) / 2**20, "wrote_partitions": bool(written)}

@@ -10,15 +10,15 @@ from __future__ import annotations
 import enum
 import importlib.util
 import os
-import subprocess
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import loadpolicy
 from loadpolicy.faults.cases import FAULT_CASES
 from loadpolicy.faults.run import run_fault
-from loadpolicy.harness.launch import Launcher, Tree
+from loadpolicy.harness.launch import Launcher, Tree, run_bounded
 from loadpolicy.matrix.cases import Run, Scenario
 from loadpolicy.matrix.run import run_scenario
 from loadpolicy.parity.cases import ParityCase, Trainer
@@ -56,6 +56,25 @@ class Setup:
     variants: dict[str, Path]
     tests: Path
     timeout: float
+    # the stock tree's parity references, by what trains them (`parity.run`): not the code under test, so every
+    # parity run of a table shares them, as the cases of one validation do
+    references: dict[str, Path] = field(default_factory=dict)
+
+
+TEST_DEFINITION = re.compile(r"^\s*(?:async\s+)?def (test_\w+)\(", re.MULTILINE)
+
+
+def in_tree_files(checkout: Path) -> list[Path]:
+    """The test files of the checkout's folders an in-tree check selects from."""
+    return [path for folder in IN_TREE_FOLDERS for path in sorted((checkout / folder).glob("test_*.py"))]
+
+
+def defined_tests(path: Path) -> set[str]:
+    return set(TEST_DEFINITION.findall(path.read_text(encoding="utf-8")))
+
+
+def files_defining(checkout: Path, test: str) -> list[Path]:
+    return [path for path in in_tree_files(checkout) if test in defined_tests(path)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +95,8 @@ class Check:
             outcome = run_scenario(self.run, trees, setup.checkpoints, out, setup.timeout)
             details = [a.detail for a in outcome.archs if not a.passed]
             return outcome.met_expectation, outcome.launch_error or "; ".join(details)
-        if self.parity is not None:
-            parity = run_parity(self.parity, trees, setup.checkpoints, out, setup.timeout)
+        if self.parity is not None:  # its one-process reference runs on the stock tree: shared by every run
+            parity = run_parity(self.parity, trees, setup.checkpoints, out, setup.timeout, setup.references)
             return parity.passed, parity.detail
         if self.fault is not None:
             case = next(c for c in FAULT_CASES if c.name == self.fault)
@@ -86,7 +105,8 @@ class Check:
         if self.in_tree is not None:  # the tree's tests, run on `code`: its `src` goes first on the path
             checkout = setup.trees[Tree.PATCHED]
             options = ["-c", str(checkout / "pyproject.toml"), "--rootdir", str(checkout), "-k", self.in_tree]
-            tests = sorted(path for folder in IN_TREE_FOLDERS for path in (checkout / folder).glob("test_*.py"))
+            # the files that define it (pytest then collects only those), else every file: nothing is selected
+            tests = files_defining(checkout, self.in_tree) or in_tree_files(checkout)
             return _pytest_passes(code / "src", tests, out, setup.timeout, options, {"RUN_SLOW": "1"})
         return _pytest_passes(code, [setup.tests / name for name in self.unit_tests], out, setup.timeout)
 
@@ -99,6 +119,8 @@ def _pytest_passes(
     options: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[bool, str]:
+    """pytest on `tests` with `code` first on the path, in a session of its own: at the bound, or when the run is
+    stopped, the test's own launches (torchrun and its ranks) go with it."""
     out.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, **(env or {}), "PYTHONPATH": path}
@@ -114,13 +136,12 @@ def _pytest_passes(
         *(options or []),
         *map(str, tests),
     ]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
+    log = out / "pytest.log"
+    returncode = run_bounded(command, env, log, timeout)
+    if returncode is None:
         return False, f"timed out after {timeout:.0f}s"
-    output = done.stdout + done.stderr
-    (out / "pytest.log").write_text(output, encoding="utf-8")
-    if done.returncode == 0:
+    output = log.read_text(encoding="utf-8", errors="replace")
+    if returncode == 0:
         return True, "passes"
     # the failing tests and their assertion messages first, then the rest of the output, for `expects` to search
     lines = output.strip().splitlines()
@@ -155,6 +176,11 @@ DENSE_ZERO3 = Check(
 EXPORT = Check(
     "parity: mixtral, DeepSpeed SGD x2, save -> reload on stock",
     parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True),
+)
+# the same, each rank saving into a directory of its own: save_pretrained gathers to rank 0 (no partition writes)
+GATHERED_EXPORT = Check(
+    "parity: mixtral, DeepSpeed SGD x2, save into each rank's own directory (gathered) -> reload on stock",
+    parity=ParityCase("mixtral", 2, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", export=True, export_unshared=True),
 )
 
 RESUME_AT_ANOTHER_TOPOLOGY = Check(

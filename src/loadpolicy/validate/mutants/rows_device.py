@@ -1,15 +1,15 @@
-"""The mutations of what only an accelerator would show: staging buffers, asynchronous copies, buffer and collective
+"""The rows of what only an accelerator would show: staging buffers, asynchronous copies, buffer and collective
 devices. Each one's check shows it on the CPU (a deferred copy step, a renamed accelerator, a mocked device index)."""
 
 from __future__ import annotations
 
-from loadpolicy.validate.checks import Target, in_tree
-from loadpolicy.validate.mutation import Mutation
+from loadpolicy.validate.mutants.checks import Target, in_tree
+from loadpolicy.validate.mutants.row import Mutation
 
 
 READS = "integrations/deepspeed_partition_reads.py"
 
-DEVICE_MUTATIONS = (
+DEVICE_ROWS = (
     Mutation(
         "staging-buffer-reused-before-its-copies",
         "a staging buffer is read into again only once the copies out of it are done",
