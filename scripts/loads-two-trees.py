@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS, PARTITION_READS
-from loadpolicy.widths.run import load_once, prepare_checkpoint
-from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS
+from loadpolicy_lab.widths.run import load_once, prepare_checkpoint
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 OUT = Path("/tmp/loads-two-trees")

@@ -16,9 +16,9 @@ Needs the checkpoints and fingerprints of a `loadpolicy dev widths` run under it
 import sys
 from pathlib import Path
 
-from loadpolicy.bench.run import launch_load
 from loadpolicy.shape import LaunchShape
-from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.bench.run import launch_load
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 def main(meta: Path, whole: Path, widths: Path, shapes: list[str], repeats: int = 3, ranks: int = 2) -> None:

@@ -11,10 +11,10 @@ judges its rows. Needs `build/widths-all/trees` and the checkpoint (`loadpolicy 
 import argparse
 from pathlib import Path
 
-from loadpolicy.harness.procfs import evict_from_page_cache
-from loadpolicy.widths.cases import LOADS, Reader
-from loadpolicy.widths.run import load_once, prepare_checkpoint, read_once
-from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.harness.procfs import evict_from_page_cache
+from loadpolicy_lab.widths.cases import LOADS, Reader
+from loadpolicy_lab.widths.run import load_once, prepare_checkpoint, read_once
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 TREE, STOCK = Path("build/widths-all/trees/patched"), Path("build/widths-all/trees/stock")

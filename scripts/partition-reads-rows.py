@@ -22,9 +22,9 @@ import os
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import DCP_READERS, LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
-from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.widths.cases import DCP_READERS, LOADS, PARTITION_READS, Reader
+from loadpolicy_lab.widths.run import Checkpoint, Row, faster, load_once, prepare_checkpoint, read_once
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 OUT = Path("/tmp/partition-reads-rows")

@@ -1,5 +1,5 @@
 """How many tokens a bf16 one-process forward routes otherwise than the float32 one, layer by layer, and how far its
-logits land: why the logits judge (`loadpolicy.bench.logits`) bounds a root mean square, not the largest difference.
+logits land: why the logits judge (`loadpolicy_lab.bench.logits`) bounds a root mean square, not the largest difference.
 
     python scripts/routes-bf16-vs-float32.py CHECKPOINT MODEL_CLASS
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy.bench.logits import forward_logits, prompt
+from loadpolicy_lab.bench.logits import forward_logits, prompt
 
 
 def _forward(checkpoint: Path, model_class: str, dtype: torch.dtype) -> tuple[Any, list[tuple[str, Any]]]:

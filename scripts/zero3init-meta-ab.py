@@ -16,9 +16,9 @@ Needs the checkpoints, fingerprints and logits of a `loadpolicy dev widths` run 
 import sys
 from pathlib import Path
 
-from loadpolicy.widths.cases import LOADS
-from loadpolicy.widths.run import faster, load_once, prepare_checkpoint, read_once
-from loadpolicy.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.widths.cases import LOADS
+from loadpolicy_lab.widths.run import faster, load_once, prepare_checkpoint, read_once
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 CASE = next(case for case in LOADS if case.label == "Zero3Init: partition reads")

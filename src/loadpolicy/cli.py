@@ -35,10 +35,37 @@ class _LazyCommand:
     adder: str = "add_parser"
 
     def add_to(self, subparsers: _Subparsers, chosen: bool) -> None:
-        if chosen:
-            getattr(importlib.import_module(self.module), self.adder)(subparsers)
-        else:
+        if not chosen:
             subparsers.add_parser(self.name, help=self.help)
+            return
+        try:
+            module = importlib.import_module(self.module)
+        except ModuleNotFoundError as exc:
+            if exc.name != LAB_PACKAGE:
+                raise
+            parser = subparsers.add_parser(self.name, help=self.help)
+            parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            parser.set_defaults(handler=_LabMissing(self.name))
+            return
+        getattr(module, self.adder)(subparsers)
+
+
+# The harness behind most `dev` commands: a checkout's editable install carries it, the wheel a user installs does not.
+LAB_PACKAGE = "loadpolicy_lab"
+
+
+@dataclass(frozen=True)
+class _LabMissing:
+    """The handler of a maintainer's command that this install does not carry: says where it is, runs nothing."""
+
+    name: str
+
+    def __call__(self, args: argparse.Namespace) -> str:
+        raise CommandError(
+            f"`loadpolicy dev {self.name}` runs the maintainer's harness ({LAB_PACKAGE}), which this install does not "
+            "carry: the wheel holds the policy, explain, doctor, plan, checkout and the series tools. From a checkout "
+            "of the repository, run `pip install -e '.[dev]'` (or use its tox environments)."
+        )
 
 
 USER_COMMANDS = (
@@ -59,38 +86,46 @@ DEV_COMMANDS = (
     _LazyCommand(
         "validate",
         "real multi-process loads on stock and patched transformers, with a report",
-        "loadpolicy.validate.command",
+        "loadpolicy_lab.validate.command",
     ),
     _LazyCommand(
         "mutants",
         "break one behaviour at a time and show which check catches it",
-        "loadpolicy.validate.mutants.command",
+        "loadpolicy_lab.validate.mutants.command",
     ),
-    _LazyCommand("bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy.bench.run"),
     _LazyCommand(
-        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy.bench.calibrate"
+        "bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy_lab.bench.run"
+    ),
+    _LazyCommand(
+        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy_lab.bench.calibrate"
     ),
     _LazyCommand(
         "autoep",
         "EP under ZeRO-3: our EPMeta path against DeepSpeed AutoEP (load time, peak RSS, parity)",
-        "loadpolicy.autoep.run",
+        "loadpolicy_lab.autoep.run",
     ),
     _LazyCommand(
         "throughput",
         "training tokens/s per rank: token dispatch vs tp = ep vs DeepSpeed AutoEP vs plain ZeRO-3",
-        "loadpolicy.throughput.run",
+        "loadpolicy_lab.throughput.run",
     ),
-    _LazyCommand("save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy.save.run"),
     _LazyCommand(
-        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy.widths.run"
+        "save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy_lab.save.run"
+    ),
+    _LazyCommand(
+        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy_lab.widths.run"
     ),
     _LazyCommand(
         "widths-rounds",
         "one real-width load, reads one at a time and in flight, beside DCP, in rounds",
-        "loadpolicy.widths.rounds",
+        "loadpolicy_lab.widths.rounds",
     ),
-    _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy.widths.step_run"),
-    _LazyCommand("gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy.gpu.run"),
+    _LazyCommand(
+        "widths-step", "one training step at real width against one process", "loadpolicy_lab.widths.step_run"
+    ),
+    _LazyCommand(
+        "gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy_lab.gpu.run"
+    ),
     _LazyCommand(
         "store-scaling",
         "the store exchanges of a collective load (agreement, load outcome) before and after, at W = 8 to 1,024",

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from loadpolicy.harness.launch import Tree
-from loadpolicy.harness.trees import prepare_trees
+from loadpolicy_lab.harness.launch import Tree
+from loadpolicy_lab.harness.trees import prepare_trees
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,8 +76,8 @@ def test_ep_under_zero3_fails_on_stock_and_loads_on_patched(trees: tuple[Path, P
 def test_every_mutation_finds_its_text_once_in_the_code_it_breaks(trees: tuple[Path, Path]) -> None:
     """`tox -e mutants` fails on a mutation whose text moved; this says so in `tox -e patches`, on every change of the
     series or of `policy.py`, without running the mutants (`loadpolicy dev mutants --check-table` checks the rest)."""
-    from loadpolicy.validate.mutants.table import MUTATIONS
-    from loadpolicy.validate.mutants.table_check import package_roots, text_problems
+    from loadpolicy_lab.validate.mutants.table import MUTATIONS
+    from loadpolicy_lab.validate.mutants.table_check import package_roots, text_problems
 
     _, patched = trees
     # the installed PEFT and DeepSpeed: this environment installs their series before these tests

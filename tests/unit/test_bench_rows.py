@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.bench.contract import LoadMeasurement
-from loadpolicy.bench.models import SMOKE
-from loadpolicy.bench.run import CASES, _row
+from loadpolicy_lab.bench.contract import LoadMeasurement
+from loadpolicy_lab.bench.models import SMOKE
+from loadpolicy_lab.bench.run import CASES, _row
 
 
 GIB = 1024**3

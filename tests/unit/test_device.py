@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import loadpolicy  # noqa: E402
-from loadpolicy.harness import device as dev  # noqa: E402
-from loadpolicy.harness.launch import Launcher, accelerate_config, launch_command, launch_env  # noqa: E402
+from loadpolicy_lab.harness import device as dev  # noqa: E402
+from loadpolicy_lab.harness.launch import Launcher, accelerate_config, launch_command, launch_env  # noqa: E402
 
 
 PACKAGE = Path(loadpolicy.__file__).parent
@@ -167,7 +167,9 @@ def test_the_runner_counts_the_gpus_its_ranks_see_without_importing_torch_itself
     script = dev._COUNT_GPUS.replace("import torch", "import torch_that_is_not_installed")
     counted = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert counted.stdout.strip() == "0"  # without torch no rank has CUDA
-    runner = "import sys; from loadpolicy.harness import device; device.visible_gpus(); print('torch' in sys.modules)"
+    runner = (
+        "import sys; from loadpolicy_lab.harness import device; device.visible_gpus(); print('torch' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     imported = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, check=True, env=env)
     assert imported.stdout.strip() == "False"

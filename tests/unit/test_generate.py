@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from loadpolicy.harness.launch import Launcher, Tree
-from loadpolicy.harness.rank import raised_at
-from loadpolicy.matrix.cases import Run, Scenario
-from loadpolicy.matrix.run import ArchOutcome, RunOutcome
-from loadpolicy.tinymodels.generate import _declares_ep_plan
-from loadpolicy.tinymodels.shrink import shrink
-from loadpolicy.validate.architectures import COLUMNS, table_rows
+from loadpolicy_lab.harness.launch import Launcher, Tree
+from loadpolicy_lab.harness.rank import raised_at
+from loadpolicy_lab.matrix.cases import Run, Scenario
+from loadpolicy_lab.matrix.run import ArchOutcome, RunOutcome
+from loadpolicy_lab.tinymodels.generate import _declares_ep_plan
+from loadpolicy_lab.tinymodels.shrink import shrink
+from loadpolicy_lab.validate.architectures import COLUMNS, table_rows
 
 
 def _moe(**extra: Any) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.gpu import run
-from loadpolicy.gpu.cases import CASES, CASES_BY_NAME, Kind
-from loadpolicy.gpu.judge import judge
+from loadpolicy_lab.gpu import run
+from loadpolicy_lab.gpu.cases import CASES, CASES_BY_NAME, Kind
+from loadpolicy_lab.gpu.judge import judge
 
 
 EP_CASE = CASES_BY_NAME["epmeta-w2-shared"]
@@ -111,8 +111,8 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(
 
 def test_placement_names_every_partition_placeholder_and_buffer_off_the_device() -> None:
     torch = pytest.importorskip("torch")
-    from loadpolicy.gpu.worker import _misplaced
-    from loadpolicy.harness.device import RankDevice
+    from loadpolicy_lab.gpu.worker import _misplaced
+    from loadpolicy_lab.harness.device import RankDevice
 
     # the rank's device is `meta` here, standing for cuda:N: only what is on it counts as placed
     meta = RankDevice(torch.device("meta"), "gloo")

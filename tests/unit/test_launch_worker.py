@@ -9,7 +9,7 @@ from typing import TypedDict
 
 import pytest
 
-from loadpolicy.harness.launch import launch, read_results
+from loadpolicy_lab.harness.launch import launch, read_results
 
 
 class Answer(TypedDict):
@@ -19,7 +19,7 @@ class Answer(TypedDict):
 WORKER = textwrap.dedent(
     """
     import transformers
-    from loadpolicy.harness.rank import run_rank
+    from loadpolicy_lab.harness.rank import run_rank
 
     def body(rank, spec):
         rank.facts["transformers_file"] = transformers.__file__
@@ -112,3 +112,37 @@ def test_a_launch_past_its_bound_is_killed_and_says_where_each_rank_was(tree: Pa
     assert launched.timed_out
     assert launched.seconds < 30
     assert launched.timeout_message() == "timed out after 3s; rank 0 at 'sleeping'"
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_ranks_in_sessions_of_their_own_go_with_a_launch_past_its_bound(tree: Path, tmp_path: Path) -> None:
+    """torchrun's agent starts each rank in a session of its own: killing the launcher's group alone leaves it."""
+    pid_file = tmp_path / "rank.pid"
+    (tree / "src" / "own_session.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n",
+        encoding="utf-8",
+    )
+    launched = launch("own_session", {}, tree, tmp_path / "own", 1, 3.0)
+    assert launched.timed_out
+    time.sleep(0.2)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_process_in_a_session_of_its_own_left_after_the_launcher_exits_is_killed(tree: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "left.pid"
+    (tree / "src" / "leaves_a_session.py").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n",
+        encoding="utf-8",
+    )
+    launched = launch("leaves_a_session", {}, tree, tmp_path / "left", 1, 60.0)
+    assert launched.left_running
+    time.sleep(0.2)
+    assert _gone(int(pid_file.read_text()))

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.faults.cases import FAULT_CASES, fault_runs
-from loadpolicy.harness import launch
-from loadpolicy.harness.pool import run_all
-from loadpolicy.parity import run as parity_run
+from loadpolicy_lab.faults.cases import FAULT_CASES, fault_runs
+from loadpolicy_lab.harness import launch
+from loadpolicy_lab.harness.pool import run_all
+from loadpolicy_lab.parity import run as parity_run
 
 
 def test_results_come_back_in_the_order_of_the_jobs_and_no_more_run_at_once_than_asked() -> None:

@@ -1,4 +1,5 @@
-"""Imports run down the layers only: the policy at the bottom, then the harness, the features, the commands."""
+"""Imports run down the layers only: the policy at the bottom, then the harness, the features, the commands; the
+product (`loadpolicy`, the wheel a user installs) never imports the lab (`loadpolicy_lab`, the harness and suites)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import ast
 from pathlib import Path
 
 import loadpolicy
+import loadpolicy_lab
 
 
 PACKAGE = Path(loadpolicy.__file__).parent
-# module or package name (first component under loadpolicy) -> layer; a module may import only its own layer or lower
+LAB = Path(loadpolicy_lab.__file__).parent
+# The product's top-level modules: what the wheel carries
+PRODUCT = {"policy", "shape", "sizes", "dsconfig", "errors", "units", "launch_inputs", "live", "explain", "doctor"}
+PRODUCT |= {"upstream", "plan", "cli", "__main__", "__init__"}
+# module or package name (first component under loadpolicy or loadpolicy_lab) -> layer; a module may import only its
+# own layer or lower
 LAYERS = {
     "policy": 0,
     "shape": 0,
@@ -46,27 +53,61 @@ def _layer(module: str) -> int:
 
 
 def _imports(path: Path) -> set[str]:
+    """The modules `path` imports from either package, by their name under it (`bench.run`, `policy`)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if not isinstance(node, ast.ImportFrom) or node.module is None:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [node.module]
+            if node.module in {"loadpolicy", "loadpolicy_lab"}:  # `from loadpolicy import doctor`
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
             continue
-        if node.module.startswith("loadpolicy."):
-            found.add(node.module.removeprefix("loadpolicy."))
-        elif node.module == "loadpolicy":  # `from loadpolicy import doctor`
-            found.update(alias.name for alias in node.names)
+        found.update(
+            name.split(".", 1)[1]
+            for name in names
+            if name.split(".")[0] in {"loadpolicy", "loadpolicy_lab"} and "." in name
+        )
     return found
 
 
+def _modules(package: Path) -> list[tuple[str, Path]]:
+    return [
+        (p.relative_to(package).with_suffix("").as_posix().replace("/", "."), p) for p in sorted(package.rglob("*.py"))
+    ]
+
+
 def test_every_module_has_a_layer() -> None:
-    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}
+    tops = {name.split(".")[0] for package in (PACKAGE, LAB) for name, _ in _modules(package)}
     assert tops <= set(LAYERS), sorted(tops - set(LAYERS))
+
+
+def test_the_product_and_the_lab_hold_their_own_modules() -> None:
+    product = {name.split(".")[0] for name, _ in _modules(PACKAGE)}
+    lab = {name.split(".")[0] for name, _ in _modules(LAB)} - {"__init__"}
+    assert product <= PRODUCT, sorted(product - PRODUCT)
+    assert not lab & PRODUCT, sorted(lab & PRODUCT)
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    """`loadpolicy` is the wheel a user installs; the lab is not in it, so an import of it would fail there."""
+    reaching = [
+        f"{here} -> {target}"
+        for here, path in _modules(PACKAGE)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        for target in ([node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if target is not None and target.split(".")[0] == "loadpolicy_lab"
+    ]
+    assert reaching == []
 
 
 def test_no_import_runs_back_up_the_layers() -> None:
     upward = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        here = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
-        upward += [f"{here} -> {target}" for target in _imports(path) if _layer(target) > _layer(here)]
+    for package in (PACKAGE, LAB):
+        for here, path in _modules(package):
+            upward += [f"{here} -> {target}" for target in _imports(path) if _layer(target) > _layer(here)]
     assert upward == []
 
 
@@ -91,8 +132,9 @@ OVER_400_LINES = {"parity/worker.py", "policy.py", "widths/run.py"}
 def test_no_module_is_over_400_lines() -> None:
     """The module bound beside the function bound: a module that grows past it is split by subject."""
     long = {
-        path.relative_to(PACKAGE).as_posix(): lines
-        for path in sorted(PACKAGE.rglob("*.py"))
+        path.relative_to(package).as_posix(): lines
+        for package in (PACKAGE, LAB)
+        for path in sorted(package.rglob("*.py"))
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
     }
     assert set(long) <= OVER_400_LINES, {name: n for name, n in long.items() if name not in OVER_400_LINES}

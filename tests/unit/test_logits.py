@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from loadpolicy.bench.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
-from loadpolicy.bench.logits_rank import judge_logits
+from loadpolicy_lab.bench.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
+from loadpolicy_lab.bench.logits_rank import judge_logits
 
 
 torch = pytest.importorskip("torch")
@@ -59,7 +59,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Mixtral whose experts matter to its logits: at transformers' std 0.02 and width 16 they barely do, and
     bf16's own error hides them; at the published widths they dominate (`dev widths`)."""
     transformers = pytest.importorskip("transformers")
-    from loadpolicy.tinymodels.architectures import ARCHITECTURES
+    from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
 
     config = ARCHITECTURES["mixtral"].transformers_config()
     config.initializer_range = 0.3
@@ -89,7 +89,7 @@ def test_a_forward_missing_half_the_experts_fails_in_the_worker_and_the_stock_on
     stock bf16 load must pass with no difference at all."""
     import transformers
 
-    from loadpolicy.harness.rank import Rank
+    from loadpolicy_lab.harness.rank import Rank
 
     reference = tmp_path / REFERENCE_NAME
     torch.save(reference_logits(tiny_moe, "MixtralForCausalLM"), reference)
@@ -114,7 +114,7 @@ def test_the_reference_records_the_judge_s_reach_and_refuses_a_model_whose_exper
     reference = reference_logits(tiny_moe, "MixtralForCausalLM")
     verdict = judge(reference["one_process"].float(), reference)
     assert verdict.half_the_experts > verdict.bound
-    from loadpolicy.tinymodels.checkpoints import build_checkpoint
+    from loadpolicy_lab.tinymodels.checkpoints import build_checkpoint
 
     # transformers' own std 0.02 at width 16: the experts' outputs are below bf16's rounding of the logits
     faint = build_checkpoint("mixtral", tmp_path)
@@ -127,8 +127,8 @@ def test_a_forward_the_ranks_here_cannot_hold_is_not_judged_and_says_why(tiny_mo
     largest twice, the judge says so instead of the OOM killer ending the launch."""
     import transformers
 
-    from loadpolicy.bench import logits_rank
-    from loadpolicy.harness.rank import Rank
+    from loadpolicy_lab.bench import logits_rank
+    from loadpolicy_lab.harness.rank import Rank
 
     model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
     experts = model.model.layers[0].mlp.experts

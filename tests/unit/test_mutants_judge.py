@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from loadpolicy.validate.mutants.run import Outcome, excerpt, judge
-from loadpolicy.validate.mutants.table import MUTATIONS
+from loadpolicy_lab.validate.mutants.run import Outcome, excerpt, judge
+from loadpolicy_lab.validate.mutants.table import MUTATIONS
 
 
 def test_a_failure_with_the_expected_message_is_caught() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from loadpolicy.parity.cases import ParityCase, Trainer
-from loadpolicy.validate.mutants.checks import EXPORT, UNITS, Check, Target, in_tree
-from loadpolicy.validate.mutants.paths import (
+from loadpolicy_lab.parity.cases import ParityCase, Trainer
+from loadpolicy_lab.validate.mutants.checks import EXPORT, UNITS, Check, Target, in_tree
+from loadpolicy_lab.validate.mutants.paths import (
     PROBE_MODULE,
     Span,
     install_probes,
@@ -25,8 +25,8 @@ from loadpolicy.validate.mutants.paths import (
     where_it_ran,
     write_record,
 )
-from loadpolicy.validate.mutants.row import Mutation
-from loadpolicy.validate.mutants.run import (
+from loadpolicy_lab.validate.mutants.row import Mutation
+from loadpolicy_lab.validate.mutants.run import (
     Baseline,
     BaselineRun,
     MutationError,
@@ -35,8 +35,8 @@ from loadpolicy.validate.mutants.run import (
     baselines_of,
     on_its_path,
 )
-from loadpolicy.validate.mutants.table import MUTATIONS
-from loadpolicy.validate.mutants.table_check import selection_problems, text_problems
+from loadpolicy_lab.validate.mutants.table import MUTATIONS
+from loadpolicy_lab.validate.mutants.table_check import selection_problems, text_problems
 
 
 UNIT_TESTS = Path(__file__).resolve().parent

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-from loadpolicy.faults.cases import FAULT_CASES, FaultCase
-from loadpolicy.faults.run import _describe, _expectation_problems, _launcher_signal
-from loadpolicy.harness.launch import Tree
-from loadpolicy.harness.rank import RankFailure, parse, read_raw
-from loadpolicy.matrix.cases import STOCK_DEVICE_MAP_ERROR
-from loadpolicy.parity.cases import ParityCase, Trainer
-from loadpolicy.parity.contract import Reloaded, SingleRun, TrainedRank
-from loadpolicy.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
-from loadpolicy.parity.run import _outcome, _stock_outcome
+from loadpolicy_lab.faults.cases import FAULT_CASES, FaultCase
+from loadpolicy_lab.faults.run import _describe, _expectation_problems, _launcher_signal
+from loadpolicy_lab.harness.launch import Tree
+from loadpolicy_lab.harness.rank import RankFailure, parse, read_raw
+from loadpolicy_lab.matrix.cases import STOCK_DEVICE_MAP_ERROR
+from loadpolicy_lab.parity.cases import ParityCase, Trainer
+from loadpolicy_lab.parity.contract import Reloaded, SingleRun, TrainedRank
+from loadpolicy_lab.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
+from loadpolicy_lab.parity.run import _outcome, _stock_outcome
 
 
 EXPERT = "model.layers.0.mlp.experts.down_proj"
@@ -259,7 +259,7 @@ def test_an_unshared_export_that_gathered_passes_and_is_still_judged_by_its_relo
 
 
 def test_an_unshared_export_is_a_case_only_input_with_its_own_label(tmp_path: Path) -> None:
-    from loadpolicy.parity.run import _CASE_ONLY, _worker_spec
+    from loadpolicy_lab.parity.run import _CASE_ONLY, _worker_spec
 
     case = ParityCase("mixtral", 2, Trainer.DEEPSPEED, export=True, export_unshared=True)
     assert _worker_spec(case, tmp_path, tmp_path)["export_unshared"] is True
@@ -317,7 +317,7 @@ def test_parity_fails_expert_shards_outside_their_efsdp_group(groups: list[list[
 
 
 def test_the_efsdp_group_is_strided_over_ep_groups() -> None:
-    from loadpolicy.parity.judges import expert_group_problems
+    from loadpolicy_lab.parity.judges import expert_group_problems
 
     # world 4 = 2 EP groups of 2 consecutive ranks: rank 1 shares its experts with rank 3
     assert expert_group_problems(1, [[1, 3]], ep=2, world=4) == []
@@ -371,7 +371,7 @@ def test_parity_fails_a_nan(change: Any, needle: str) -> None:
 
 
 def test_autoep_comparison_fails_a_nan_weight() -> None:
-    from loadpolicy.autoep.run import Way, compare
+    from loadpolicy_lab.autoep.run import Way, compare
 
     reference = {"losses": [4.0, 3.5], "initial": single()["weights"], "weights": single()["weights"]}
     ranks = []
@@ -389,8 +389,8 @@ def test_autoep_comparison_fails_a_nan_weight() -> None:
 
 
 def test_a_failed_parity_case_or_bad_input_fails_the_whole_validation() -> None:
-    from loadpolicy.parity.run import ParityOutcome
-    from loadpolicy.validate.report import ValidationResults
+    from loadpolicy_lab.parity.run import ParityOutcome
+    from loadpolicy_lab.validate.report import ValidationResults
 
     case = ParityCase("qwen3_moe", 2, Trainer.DEEPSPEED)
     passed, failed = ParityOutcome(case, 1.0, True, "ok"), ParityOutcome(case, 1.0, False, "losses differ")
@@ -400,7 +400,7 @@ def test_a_failed_parity_case_or_bad_input_fails_the_whole_validation() -> None:
 
 def test_the_trl_recipe_is_judged_against_stock_dense_zero3_on_as_many_ranks(tmp_path: Path) -> None:
     """TRL's load-balancing loss is per micro-batch: one process on the global batch is not its reference."""
-    from loadpolicy.parity.run import _worker_spec
+    from loadpolicy_lab.parity.run import _worker_spec
 
     trl = ParityCase("qwen3_moe", 2, Trainer.TRL_SFT, clip=0.0, optimizer="sgd", dispatch=True)
     assert _worker_spec(trl, tmp_path, tmp_path)["distributed_reference"] is True
@@ -409,7 +409,7 @@ def test_the_trl_recipe_is_judged_against_stock_dense_zero3_on_as_many_ranks(tmp
 
 
 def test_offload_is_a_case_only_input_the_one_process_reference_ignores(tmp_path: Path) -> None:
-    from loadpolicy.parity.run import _CASE_ONLY, _worker_spec
+    from loadpolicy_lab.parity.run import _CASE_ONLY, _worker_spec
 
     spec = _worker_spec(ParityCase("mixtral", 2, Trainer.DEEPSPEED, offload=True), tmp_path, tmp_path)
     assert spec["offload"] is True
@@ -458,7 +458,7 @@ def test_zero_to_fp32_must_give_the_trained_tensors_or_refuse_by_name(
 
 
 def test_an_expert_adapter_is_compared_as_the_blocks_of_the_rank_s_experts() -> None:
-    from loadpolicy.parity.judges import expert_slice
+    from loadpolicy_lab.parity.judges import expert_slice
 
     experts, rank, out = 4, 2, 3
     # PEFT's layout for an adapter of stacked experts: lora_A rows expert-major, lora_B columns rank-major
@@ -491,7 +491,7 @@ def test_an_adapter_averaged_over_ranks_that_hold_other_experts_fails() -> None:
 def test_a_resumed_case_hands_the_new_topology_to_its_launch_and_to_the_one_process_reference(tmp_path: Path) -> None:
     """The resumed launch gets the resumed topology's distributed config; the reference trains the same steps (its key
     differs from the case's without resuming, so a reference that did not continue is never reused for it)."""
-    from loadpolicy.parity.run import _CASE_ONLY, RESUMED_STEPS, _worker_spec
+    from loadpolicy_lab.parity.run import _CASE_ONLY, RESUMED_STEPS, _worker_spec
 
     resumed = _worker_spec(
         ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, dp=2, dispatch=True, resumed_ranks=2),
@@ -514,7 +514,7 @@ def test_fixed_batches_go_on_from_a_step_with_the_topology_they_are_given() -> N
     replicas' micro-batches."""
     import torch
 
-    from loadpolicy.parity.worker import MICRO_BATCH, fixed_batches
+    from loadpolicy_lab.parity.worker import MICRO_BATCH, fixed_batches
 
     spec: Any = {"distributed": {"fsdp_size": 4, "ep_size": 2}}
     first, then = fixed_batches(spec, 5), fixed_batches(spec | {"distributed": {"fsdp_size": 2, "ep_size": 2}}, 3, 5)

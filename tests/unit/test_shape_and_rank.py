@@ -8,9 +8,9 @@ from typing import Any, TypedDict
 
 import pytest
 
-from loadpolicy.harness.rank import Rank, run_rank
 from loadpolicy.policy import LoadPolicyError, ParallelSizes, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
+from loadpolicy_lab.harness.rank import Rank, run_rank
 
 
 @pytest.mark.parametrize(

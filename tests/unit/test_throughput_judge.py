@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.throughput.cases import Way
-from loadpolicy.throughput.contract import ThroughputRank
-from loadpolicy.throughput.run import Row, _row, dispatch_against_autoep, judge, render_markdown
+from loadpolicy_lab.throughput.cases import Way
+from loadpolicy_lab.throughput.contract import ThroughputRank
+from loadpolicy_lab.throughput.run import Row, _row, dispatch_against_autoep, judge, render_markdown
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:

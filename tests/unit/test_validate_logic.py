@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from loadpolicy.harness.launch import Launcher, Tree, accelerate_config
-from loadpolicy.matrix.cases import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
-from loadpolicy.matrix.run import RunOutcome, _judge
-from loadpolicy.validate.report import is_unexpected, render_table, rows
+from loadpolicy_lab.harness.launch import Launcher, Tree, accelerate_config
+from loadpolicy_lab.matrix.cases import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
+from loadpolicy_lab.matrix.run import RunOutcome, _judge
+from loadpolicy_lab.validate.report import is_unexpected, render_table, rows
 
 
 def test_fast_matrix_covers_every_scenario_on_both_trees_at_two_ranks() -> None:

@@ -14,11 +14,11 @@ from unittest import mock
 
 import pytest
 
-from loadpolicy.bench.contract import LoadMeasurement
-from loadpolicy.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy.widths.contract import ReaderMeasurement
-from loadpolicy.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
-from loadpolicy.widths.run import (
+from loadpolicy_lab.bench.contract import LoadMeasurement
+from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy_lab.widths.contract import ReaderMeasurement
+from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
+from loadpolicy_lab.widths.run import (
     LIMIT,
     LIMIT_IN_FLIGHT,
     LIMIT_KEPT,
@@ -30,7 +30,7 @@ from loadpolicy.widths.run import (
     reader_row,
     render_markdown,
 )
-from loadpolicy.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
+from loadpolicy_lab.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
 
 
 def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> None:
@@ -165,7 +165,7 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
 
 
 def test_the_limit_in_flight_reads_a_share_of_many_chunks_and_names_a_short_file(tmp_path: Path) -> None:
-    from loadpolicy.widths import worker
+    from loadpolicy_lab.widths import worker
 
     path = tmp_path / "model.safetensors"
     path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
@@ -220,7 +220,7 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
-    from loadpolicy.widths import worker
+    from loadpolicy_lab.widths import worker
 
     expert = "model.layers.0.mlp.experts.0.w1.weight"
     tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
@@ -258,7 +258,7 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
 
 def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() -> None:
     pytest.importorskip("transformers")
-    from loadpolicy.widths.calibrate import calibrate_widths
+    from loadpolicy_lab.widths.calibrate import calibrate_widths
 
     gib = 3.48
     load = Row("qwen3-30b-a3b", 2, "EPMeta: token dispatch", gib, seconds=3.0, peak_gib=2.11, ideal_gib=gib / 2 + 0.36)
@@ -278,7 +278,7 @@ def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() ->
 
 
 def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> None:
-    from loadpolicy.widths.run import faster
+    from loadpolicy_lab.widths.run import faster
 
     slow, quick = Row("s", 2, LIMIT, 1.0, seconds=3.1), Row("s", 2, LIMIT, 1.0, seconds=1.3)
     assert faster(slow, quick) is quick
@@ -289,7 +289,7 @@ def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> Non
 
 
 def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> None:
-    from loadpolicy.widths.rounds import WAYS, round_order
+    from loadpolicy_lab.widths.rounds import WAYS, round_order
 
     assert round_order(0) == WAYS
     assert round_order(1) == WAYS[::-1]
@@ -299,7 +299,7 @@ def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> N
 
 
 def test_rounds_report_each_ratio_and_name_a_failed_launch() -> None:
-    from loadpolicy.widths.rounds import ONE_READ_AT_A_TIME, PEER, READS_IN_FLIGHT, RoundRow, render_rounds
+    from loadpolicy_lab.widths.rounds import ONE_READ_AT_A_TIME, PEER, READS_IN_FLIGHT, RoundRow, render_rounds
 
     def row(seconds: float | None, error: str | None = None) -> Row:
         return Row("mixtral-8x7b", 2, "x", 3.19, error=error, seconds=seconds)
@@ -393,8 +393,8 @@ def test_a_zero3_load_row_says_when_training_can_start_and_the_peak_through_init
 
 def test_deepspeed_autoep_is_a_stock_zero3_load_and_runs_where_it_has_a_preset() -> None:
     pytest.importorskip("deepspeed")
-    from loadpolicy.harness.launch import Tree
-    from loadpolicy.widths.cases import has_autoep_preset
+    from loadpolicy_lab.harness.launch import Tree
+    from loadpolicy_lab.widths.cases import has_autoep_preset
 
     autoep = next(case for case in LOADS if case.autoep)
     assert (autoep.tree, autoep.zero3, autoep.moe_only) == (Tree.STOCK, True, True)

@@ -1,0 +1,204 @@
+"""`loadpolicy dev save`: saving a loaded ZeRO-3 model, each way, on the bench's models: time and peak per rank.
+
+Every way runs in its own launch on the patched tree (load with partition reads, then save); the files of the ways
+that write a checkpoint are compared with the checkpoint's tensors by rank 0, and a way whose files differ fails the
+command. Figures: the slowest rank's seconds, as a multiple of the write limit (every rank writing its partitions'
+bytes with plain `pwrite` + `fsync`) and against the gathered save; each rank's peak as a multiple of what it held
+before saving. Writes OUT/save.md and OUT/save.json. docs/benchmark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from loadpolicy.errors import positive_int
+from loadpolicy.units import GIB
+from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel, build
+from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
+from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.save.cases import Way, shape
+from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
+from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
+from loadpolicy_lab.widths.shapes import build as build_width
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    model: str
+    ranks: int
+    way: str
+    error: str | None = None  # a launch that did not complete, or files that are not the checkpoint's
+    seconds: float | None = None  # the slowest rank's save
+    peak_over_held: list[float] = field(default_factory=list)  # per rank: peak while saving / resident before
+    peak_rise_gib: list[float] = field(default_factory=list)  # per rank: peak while saving - resident before
+    compared: int = 0  # tensors rank 0 compared with the checkpoint
+
+
+def judge(way: Way, results: list[SaveMeasurement], expected_policy: str) -> list[str]:
+    """What makes a save not count: another policy, or files that do not hold the checkpoint's tensors (a missing
+    comparison fails)."""
+    problems = [
+        f"rank {r['rank']} loaded as {r['policy']}, expected {expected_policy}"
+        for r in results
+        if r["policy"] != expected_policy
+    ]
+    if way.value_checked:
+        first = results[0]
+        if first["saved_unequal"] is None or not (first["compared"] > 0):
+            problems.append("the saved files were not compared with the checkpoint")
+        elif first["saved_unequal"]:
+            problems.append(f"saved tensors differ from the checkpoint's: {first['saved_unequal'][:3]}")
+    return problems
+
+
+def _row(model: BenchModel, ranks: int, way: Way, results: list[SaveMeasurement] | str) -> Row:
+    if isinstance(results, str):
+        return Row(model.name, ranks, str(way), error=results)
+    expected = "EPMeta" if model.moe else "Zero3Init"
+    problems = judge(way, results, expected)
+    return Row(
+        model.name,
+        ranks,
+        str(way),
+        error="; ".join(problems) or None,
+        seconds=max(r["seconds"] for r in results),
+        peak_over_held=[round(r["peak_total"] / r["held_total"], 3) for r in results],
+        peak_rise_gib=[round((r["peak_total"] - r["held_total"]) / GIB, 3) for r in results],
+        compared=results[0]["compared"],
+    )
+
+
+def save_bench(
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    models: tuple[BenchModel, ...],
+    checkpoint_of: Callable[[BenchModel], Path],
+    ranks: int,
+    timeout: float,
+    ways: tuple[Way, ...],
+) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    rows = []
+    for model in models:
+        checkpoint = checkpoint_of(model)
+        for way in ways:
+            directory = out.resolve() / "saves" / f"{model.name}-{way}-{ranks}"
+            spec: SaveSpec = {
+                "way": str(way),
+                "model_class": model.model_class,
+                "checkpoint": str(checkpoint),
+                "distributed": shape(model, ranks).distributed_config(),
+                "directory": str(directory),
+            }
+            # No dirty pages of an earlier launch (the checkpoint just built, a save without fsync) written back while
+            # this one is timed
+            os.sync()
+            launched = launch(
+                "loadpolicy_lab.save.worker", spec, trees[Tree.PATCHED], out / "runs" / directory.name, ranks, timeout
+            )
+            row = _row(model, ranks, way, read_results(launched, SaveMeasurement))
+            shutil.rmtree(directory, ignore_errors=True)  # a checkpoint's worth of disk per way
+            print(_line(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def _line(row: Row) -> str:
+    label = f"{row.model} x{row.ranks} | {row.way}"
+    if row.error:
+        return f"!! {label}: FAILED: {row.error}"
+    return f"ok {label}: {row.seconds:.2f}s, peak / held {max(row.peak_over_held):.3f}"
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    return "-" if value is None or not reference else f"{value / reference:.2f}x"
+
+
+def render_markdown(rows: list[Row], command: str) -> str:
+    lines = [
+        "# Saving a loaded ZeRO-3 model",
+        "",
+        f"`{command}`; patched tree, CPU gloo, bf16; every way in its own launch after loading with partition reads. "
+        "Time: the slowest rank's save, every rank starting together; x limit: that time over the write limit's "
+        "(each rank writing its partitions' bytes with `pwrite` + `fsync`); peak / held: each rank's largest resident "
+        "memory while saving over what it held before. Files of `partitions` and `gathered` compared tensor by "
+        "tensor with the checkpoint by rank 0; DeepSpeed's 16-bit save writes its own layout and is not compared.",
+        "",
+        "| model | ranks | way | time s | x limit | vs gathered | peak / held, per rank | peak rise GiB | files |",
+        "|---|---:|---|---:|---:|---:|---|---|---|",
+    ]
+    by_key = {(r.model, r.ranks, r.way): r for r in rows}
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.model} | {r.ranks} | {r.way} | - | - | - | - | - | FAILED: {r.error[:200]} |")
+            continue
+        limit = by_key.get((r.model, r.ranks, str(Way.WRITE_LIMIT)), Row("", 0, ""))
+        gathered = by_key.get((r.model, r.ranks, str(Way.GATHERED)), Row("", 0, ""))
+        files = f"equal ({r.compared} tensors)" if Way(r.way).value_checked else "not compared"
+        lines.append(
+            f"| {r.model} | {r.ranks} | {r.way} | {r.seconds:.2f} | {_ratio(r.seconds, limit.seconds)} | "
+            f"{_ratio(gathered.seconds, r.seconds)} faster | "
+            f"{', '.join(f'{x:.3f}' for x in r.peak_over_held)} | {', '.join(f'{x:.2f}' for x in r.peak_rise_gib)} | "
+            f"{files} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("save", help="save time and peak per rank: partition writes, gathered, DeepSpeed")
+    parser.add_argument("--out", type=Path, default=Path("build/save"), help="work and report directory")
+    parser.add_argument("--smoke", action="store_true", help="the smoke models (CI)")
+    parser.add_argument("--ranks", type=positive_int, default=2)
+    parser.add_argument("--way", action="append", choices=list(Way), help="only this way (repeatable; default all)")
+    parser.add_argument(
+        "--shape", action="append", choices=sorted(SHAPES_BY_NAME), help="a real-width shape instead (repeatable)"
+    )
+    parser.add_argument("--checkpoints", type=Path, default=Path("build/widths/checkpoints"), help="for --shape")
+    parser.add_argument("--max-gib", type=float, default=8.0, help="refuse to build a --shape checkpoint larger")
+    add_launch_arguments(parser, timeout=600.0)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    ways = tuple(Way(w) for w in args.way) if args.way else tuple(Way)
+    models: tuple[BenchModel, ...] = SMOKE if args.smoke else FULL
+    checkpoints = args.out.resolve() / "checkpoints"
+
+    def checkpoint_of(model: BenchModel) -> Path:
+        if args.shape:  # the real-width checkpoints `loadpolicy dev widths` builds (and reuses)
+            return build_width(SHAPES_BY_NAME[model.name], args.checkpoints.resolve(), max_gib=args.max_gib)
+        return build(model, checkpoints)
+
+    if args.shape:
+        models = tuple(SHAPES_BY_NAME[name].architecture for name in args.shape)
+    rows = save_bench(
+        args.out,
+        args.patches,
+        args.cache,
+        models=models,
+        checkpoint_of=checkpoint_of,
+        ranks=args.ranks,
+        timeout=args.timeout,
+        ways=ways,
+    )
+    command = f"loadpolicy dev save --ranks {args.ranks}" + (" --smoke" if args.smoke else "")
+    command += "".join(f" --shape {name}" for name in args.shape or ())
+    text = render_markdown(rows, command)
+    (args.out / "save.md").write_text(text, encoding="utf-8")
+    (args.out / "save.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    if failed := [r for r in rows if r.error]:
+        raise SaveBenchFailedError(f"{text}\n{len(failed)} saves failed: " + "; ".join(_line(r) for r in failed))
+    return text + f"\n{args.out / 'save.md'}"
+
+
+class SaveBenchFailedError(ValidationFailedError):
+    """A save did not complete, or wrote files that do not hold the checkpoint's tensors."""

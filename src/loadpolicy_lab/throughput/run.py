@@ -1,0 +1,354 @@
+"""`loadpolicy dev throughput`: training tokens/s per rank of each way to train an MoE under ZeRO-3.
+
+Launches `throughput.worker` for every way (`cases.Way`) on the same checkpoint, world and ep, and tabulates
+tokens/s per rank, where a step's time goes, the collectives and the peak RSS. The judge fails a run whose ways train
+the same data but whose losses differ by more than `LOSS_BOUND`; speed is reported, never asserted. Method and
+results: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from loadpolicy.errors import positive_int
+from loadpolicy.shape import LaunchShape
+from loadpolicy.units import GIB
+from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel
+from loadpolicy_lab.bench.models import build as build_model
+from loadpolicy_lab.harness.launch import ValidationFailedError, add_launch_arguments, launch, read_results
+from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.throughput.cases import SAME_DATA, Way
+from loadpolicy_lab.throughput.contract import ThroughputRank, ThroughputSpec
+
+
+LOSS_BOUND = 1e-4
+WORKER = "loadpolicy_lab.throughput.worker"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    way: str
+    ranks: int
+    ep: int
+    seconds: float  # the whole launch
+    error: str | None = None
+    repeat: int = 0  # which of `--repeats` interleaved rounds
+    problems: list[str] = field(default_factory=list)
+    tokens_per_s_per_rank: float | None = None
+    step_s: float | None = None  # median over measured steps of the slowest rank's step
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    collectives_s: dict[str, float] = field(default_factory=dict)  # slowest rank, one profiled step
+    peak_training_gib: list[float] = field(default_factory=list)  # per rank
+    experts_kernel: str = ""  # what computed the experts: transformers' `experts_implementation`, or AutoEP's layers
+    first_loss: float | None = None  # mean over ranks
+    losses: list[float] = field(default_factory=list)  # mean over ranks, per step (the warm-up first)
+
+
+def _row(way: str, shape: LaunchShape, ep: int, seconds: float, results: list[ThroughputRank]) -> Row:
+    """One way's figures; `ep` is the way's EP size (AutoEP's `autoep_size`, which its launch shape does not carry)."""
+    expected = Way(way).policy
+    problems = [
+        f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
+    ]
+    problems += [
+        f"rank {r['rank']} trained {r['distinct_batches']} batches per step, the launch has {shape.batches}"
+        for r in results
+        if r["distinct_batches"] != shape.batches
+    ]
+    measured = len(results[0]["steps"])
+    slowest = [max(range(len(results)), key=lambda k: results[k]["steps"][s]["total"]) for s in range(measured)]
+    step_s = statistics.median(results[k]["steps"][s]["total"] for s, k in enumerate(slowest))
+
+    def part(name: Literal["forward", "backward", "optimizer"]) -> float:
+        return statistics.median(results[k]["steps"][s][name] for s, k in enumerate(slowest))
+
+    distinct_tokens = shape.batches * results[0]["tokens_per_step"]
+    kinds = sorted({kind for r in results for kind in r["collectives"]})
+    return Row(
+        way=way,
+        ranks=shape.ranks,
+        ep=ep,
+        seconds=seconds,
+        problems=problems,
+        tokens_per_s_per_rank=distinct_tokens / shape.ranks / step_s,
+        step_s=step_s,
+        forward_s=part("forward"),
+        backward_s=part("backward"),
+        optimizer_s=part("optimizer"),
+        collectives_s={kind: max(r["collectives"].get(kind, 0.0) for r in results) for kind in kinds},
+        peak_training_gib=[round(r["peak_training_bytes"] / GIB, 2) for r in results],
+        experts_kernel=", ".join(sorted({r["experts_kernel"] for r in results})),
+        first_loss=statistics.fmean(r["losses"][0] for r in results),
+        losses=[statistics.fmean(r["losses"][step] for r in results) for step in range(len(results[0]["losses"]))],
+    )
+
+
+def judge(rows: list[Row]) -> list[str]:
+    """Every way completed with its policy; in each round the ways training the same data train alike, step by step."""
+    problems = [f"{r.way}: {r.error}" for r in rows if r.error] + [f"{r.way}: {p}" for r in rows for p in r.problems]
+    for (repeat, ep), (reference, others) in _same_data_rounds(rows).items():
+        where = f" (round {repeat + 1}, ep {ep})" if len({r.repeat for r in rows}) > 1 else ""
+        if reference is None:
+            problems += [f"{r.way}: nothing that trains the same data to compare with{where}" for r in others]
+            continue
+        for row in others:
+            if row.error or reference.error:
+                problems.append(f"{row.way}: no losses to compare with {reference.way}'s{where}")
+                continue
+            worst = worst_loss_difference(row, reference)
+            if not (worst <= LOSS_BOUND):
+                problems.append(
+                    f"{row.way}: losses {_losses(row)} vs {reference.way}'s {_losses(reference)}: relative "
+                    f"difference {worst:.1e} > {LOSS_BOUND:.0e}{where}"
+                )
+    return problems
+
+
+def _same_data_rounds(rows: list[Row]) -> dict[tuple[int, int], tuple[Row | None, list[Row]]]:
+    """Per (round, ep): the reference among the ways that train the same data, and the others to judge against it.
+    Plain ZeRO-3 (no EP) runs once per round and is every ep's reference in that round."""
+    rounds: dict[tuple[int, int], tuple[Row | None, list[Row]]] = {}
+    for repeat, ep in sorted({(r.repeat, r.ep) for r in rows if r.way in SAME_DATA}):
+        same = [r for r in rows if r.repeat == repeat and r.way in SAME_DATA and r.ep == ep]
+        zero3 = next((r for r in rows if r.repeat == repeat and r.way == "zero3"), None)
+        if zero3 is not None:
+            rounds[(repeat, ep)] = (zero3, same)
+        else:
+            rounds[(repeat, ep)] = (same[0], same[1:]) if len(same) > 1 else (None, same)
+    return rounds
+
+
+def worst_loss_difference(row: Row, reference: Row) -> float:
+    """The largest relative difference of `row`'s losses from `reference`'s, step by step; NaN when either has a NaN
+    or they ran a different number of steps."""
+    if not row.losses or len(row.losses) != len(reference.losses):
+        return float("nan")
+    differences = [abs(a - b) / abs(b) for a, b in zip(row.losses, reference.losses, strict=True)]
+    return max(differences, key=lambda d: (d != d, d))  # a NaN is the worst, wherever it sits
+
+
+def _losses(row: Row) -> str:
+    return "[" + ", ".join(f"{loss:.6g}" for loss in row.losses) + "]"
+
+
+def throughput(
+    out: Path,
+    patches: Path,
+    cache: Path,
+    *,
+    model: BenchModel,
+    ways: tuple[str, ...] = tuple(Way),
+    experts_implementation: str | None = None,
+    adamw: str = "fused",
+    repeats: int = 1,
+    ranks: int,
+    eps: tuple[int, ...],
+    steps: int,
+    sequence: int,
+    timeout: float,
+) -> list[Row]:
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    checkpoint = build_model(model, out.resolve() / "checkpoints")
+    config = model.transformers_config()
+    rows = []
+    # Rounds interleave the ways, so that a slow spell of this shared machine falls on every way of a round alike
+    for repeat, ep in ((repeat, ep) for repeat in range(repeats) for ep in eps):
+        # alternate the order of the ways from round to round: no way always runs first on a warming machine
+        order = list(Way) if repeat % 2 == 0 else list(reversed(Way))
+        for way in order:
+            if way not in ways or (way is Way.ZERO3 and ep != eps[0]):
+                continue  # no EP: one run serves every ep
+            shape = way.shape(ranks, ep)
+            spec: ThroughputSpec = {
+                "way": str(way),
+                "ep": ep,
+                "distributed": shape.distributed_config(),
+                "checkpoint": str(checkpoint),
+                "model_class": model.model_class,
+                "model_type": config.model_type,
+                "vocab_size": config.vocab_size,
+                "micro_batch": 1,
+                "sequence": sequence,
+                "warmup": 1,
+                "steps": steps,
+                "experts_implementation": experts_implementation,
+                "adamw": adamw,
+            }
+            start = time.monotonic()
+            directory = out / "runs" / (f"{way}-ep{ep}" + (f"-{repeat}" if repeats > 1 else ""))
+            result = read_results(launch(WORKER, spec, trees[way.tree], directory, ranks, timeout), ThroughputRank)
+            seconds = time.monotonic() - start
+            row = (
+                Row(way, ranks, ep, seconds, error=result, repeat=repeat)
+                if isinstance(result, str)
+                else replace(_row(way, shape, ep, seconds, result), repeat=repeat)
+            )
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _line(r: Row) -> str:
+    if r.error:
+        return f"{r.way:<9} x{r.ranks} ep {r.ep}: FAILED {r.error}"
+    return (
+        f"{r.way:<9} x{r.ranks} ep {r.ep}: {r.tokens_per_s_per_rank:8.1f} tokens/s/rank, step {r.step_s:.2f}s "
+        f"(fwd {r.forward_s:.2f} bwd {r.backward_s:.2f} opt {r.optimizer_s:.2f}), first loss {r.first_loss:.5f}"
+    )
+
+
+def dispatch_against_autoep(rows: list[Row]) -> dict[int, list[float]]:
+    """Per ep, token dispatch's tokens/s per rank over DeepSpeed AutoEP's in each round that measured both."""
+    ratios: dict[int, list[float]] = {}
+    for r in rows:
+        if r.way != "dispatch" or r.tokens_per_s_per_rank is None:
+            continue
+        autoep = next((a for a in rows if a.way == "autoep" and (a.ep, a.repeat) == (r.ep, r.repeat)), None)
+        if autoep is not None and autoep.tokens_per_s_per_rank:
+            ratios.setdefault(r.ep, []).append(r.tokens_per_s_per_rank / autoep.tokens_per_s_per_rank)
+    return ratios
+
+
+def render_markdown(rows: list[Row], command: str, model: str, sequence: int) -> str:
+    rounds = len({r.repeat for r in rows}) > 1
+    lines = [
+        f"`{command}`: {model}, float32, micro-batch 1 x {sequence} tokens per rank, gloo on CPU (OMP_NUM_THREADS=1).",
+        "",
+        ("| round " if rounds else "")
+        + "| way | experts kernel | ranks | ep | tokens/s per rank | vs tp = ep | step s | forward | backward "
+        "| optimizer "
+        "| collectives in one step, s | peak RSS training, GiB (per rank) | first loss |",
+        ("|---:" if rounds else "") + "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for r in rows:
+        first = f"| {r.repeat + 1} " if rounds else ""
+        if r.error:
+            lines.append(f"{first}| {r.way} | - | {r.ranks} | {r.ep} | FAILED: {r.error[:200]} | | | | | | | | |")
+            continue
+        base = next(
+            (
+                b.tokens_per_s_per_rank
+                for b in rows
+                if b.way == "tp_ep" and (b.ep, b.repeat) == (r.ep, r.repeat) and not b.error
+            ),
+            None,
+        )
+        mine = r.tokens_per_s_per_rank
+        ratio = f"{mine / base:.2f}x" if base and mine is not None else "-"
+        collectives = ", ".join(f"{k} {v:.2f}" for k, v in r.collectives_s.items() if v >= 0.005) or "-"
+        lines.append(
+            f"{first}| {r.way} | {r.experts_kernel} | {r.ranks} | {r.ep if r.way != 'zero3' else '-'} "
+            f"| {r.tokens_per_s_per_rank:.1f} "
+            f"| {ratio} | {r.step_s:.2f} | {r.forward_s:.2f} | {r.backward_s:.2f} | {r.optimizer_s:.2f} "
+            f"| {collectives} | {' / '.join(f'{g:.2f}' for g in r.peak_training_gib)} | {r.first_loss:.5f} |"
+        )
+    for (repeat, ep), (reference, others) in _same_data_rounds(rows).items():
+        judged = [f"{r.way} {worst_loss_difference(r, reference):.1e}" for r in others if reference and not r.error]
+        if reference is not None and not reference.error and judged:
+            where = f" (round {repeat + 1}, ep {ep})" if rounds else ""
+            lines.append(
+                f"\nLosses at every step{where} against {reference.way}'s ({len(reference.losses)} steps, bound "
+                f"{LOSS_BOUND:.0e}), worst relative difference: {', '.join(judged)}"
+            )
+    for ep, ratios in sorted(dispatch_against_autoep(rows).items()):
+        lines.append(
+            f"\nToken dispatch against DeepSpeed AutoEP at ep {ep}: "
+            + ", ".join(f"{x:.2f}x" for x in ratios)
+            + (f" (median {statistics.median(ratios):.2f}x over {len(ratios)} rounds)" if len(ratios) > 1 else "")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "throughput", help="training tokens/s per rank: token dispatch vs tp = ep vs DeepSpeed AutoEP vs plain ZeRO-3"
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/throughput"), help="work and report directory")
+    parser.add_argument("--smoke", action="store_true", help="the CI size: a tiny MoE at 2 ranks, ep 2")
+    parser.add_argument("--ranks", type=positive_int, default=4, help="world size (default 4)")
+    parser.add_argument(
+        "--ep", type=positive_int, action="append", help="expert-parallel size (repeatable; default 4 and 2)"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=3, help="measured steps after one warm-up step (default 3)"
+    )
+    parser.add_argument("--sequence", type=positive_int, default=512, help="tokens per micro-batch (default 512)")
+    parser.add_argument("--way", action="append", choices=list(Way), help="only this way (repeatable; default all)")
+    parser.add_argument(
+        "--experts-implementation",
+        choices=("eager", "grouped_mm"),
+        help="transformers' experts forward for the ways that keep it (default: transformers' choice)",
+    )
+    parser.add_argument(
+        "--adamw",
+        choices=("for-loop", "fused"),
+        default="fused",
+        help="torch AdamW for every way: `fused=True` (default), or torch's CPU default, which loops over the tensors",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="interleaved rounds of every way (default 1; one row per round)",
+    )
+    add_launch_arguments(parser, timeout=900.0)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> str:
+    model = SMOKE[0] if args.smoke else FULL[0]
+    ranks = 2 if args.smoke else args.ranks
+    eps = (2,) if args.smoke else tuple(args.ep or (ranks, 2))
+    sequence = 64 if args.smoke else args.sequence
+    started = time.monotonic()
+    rows = throughput(
+        args.out,
+        args.patches,
+        args.cache,
+        model=model,
+        ways=tuple(args.way or Way),
+        experts_implementation=args.experts_implementation,
+        adamw=args.adamw,
+        repeats=args.repeats,
+        ranks=ranks,
+        eps=eps,
+        steps=args.steps,
+        sequence=sequence,
+        timeout=args.timeout,
+    )
+    command = (
+        "loadpolicy dev throughput"
+        + (" --smoke" if args.smoke else "")
+        + "".join(f" --way {w}" for w in args.way or ())
+    )
+    command += "".join(f" --ep {ep}" for ep in args.ep or ())
+    # every option that differs from its default, so that the command reproduces the table
+    for option, value, default in (
+        ("--ranks", args.ranks, 4),
+        ("--steps", args.steps, 3),
+        ("--sequence", args.sequence, 512),
+        ("--experts-implementation", args.experts_implementation, None),
+        ("--adamw", args.adamw, "fused"),
+        ("--repeats", args.repeats, 1),
+    ):
+        if value != default and not (args.smoke and option in ("--ranks", "--sequence")):  # smoke sets these
+            command += f" {option} {value}"
+    (args.out / "throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    problems = judge(rows)
+    table = render_markdown(rows, command, model.name, sequence)
+    print(table)
+    if problems:  # a table whose judge failed is not published as one
+        failed = "**Not judged equal, do not cite:**\n\n" + "".join(f"- {p}\n" for p in problems) + "\n" + table
+        (args.out / "throughput-failed.md").write_text(failed, encoding="utf-8")
+        raise ValidationFailedError("; ".join(problems))
+    (args.out / "throughput.md").write_text(table, encoding="utf-8")
+    return f"{len(rows)} runs in {time.monotonic() - started:.0f}s: {args.out / 'throughput.md'}"

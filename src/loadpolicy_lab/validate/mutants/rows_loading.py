@@ -1,0 +1,223 @@
+"""The rows of loading: the policy each launch selects, the device map, conversions, the EP plan, the tied
+weights, and the refusals at load."""
+
+from __future__ import annotations
+
+from loadpolicy_lab.validate.mutants.checks import (
+    COMPOSITE_EP_LOAD,
+    DISPATCH,
+    EP_LOAD,
+    QUANTIZED,
+    UNITS,
+    Target,
+    in_tree,
+)
+from loadpolicy_lab.validate.mutants.row import Mutation
+
+
+# conversion_mapping.py's mixtral entry: the gate (w1) and up (w3) projections merged into gate_up_proj, in this order
+MIXTRAL_GATE_UP = """"mixtral": [
+            WeightRenaming(".block_sparse_moe.", ".mlp."),
+            WeightConverter(
+                source_patterns=[
+                    ".experts.*.{first}.weight",
+                    ".experts.*.{second}.weight","""
+
+
+LOADING_ROWS = (
+    Mutation(
+        "transpose-checks-global-shape",
+        "a sharded parameter's local shape decides a checkpoint transpose (qwen3_vl_moe's experts)",
+        Target.TREE,
+        "core_model_loading.py",
+        "expected_shape = param._local_tensor.shape if is_dtensor(param) else param.shape",
+        "expected_shape = param.shape",
+        in_tree("test_a_shard_already_in_the_models_layout_is_not_transposed"),
+        "attribute 'shape' do not match",
+    ),
+    Mutation(
+        "ep-plan-shards-dense-mlp",
+        "EPMeta leaves the dense modules an EP plan shards to ZeRO-3 (gemma4's mlp)",
+        Target.TREE,
+        "distributed/mixin.py",
+        'if v in ("grouped_gemm", "ep_dispatch_experts")',
+        "",
+        EP_LOAD,
+        "Expert shard `model\\.layers\\.\\d+\\.mlp\\.\\w+\\.weight` is not split by expert|parameters"
+        " outside the experts differ from the stock one-process load",
+    ),
+    Mutation(
+        "epmeta-refuses-device-map",
+        "EPMeta admits the mesh-bound device_map",
+        Target.POLICY,
+        "policy.py",
+        "device_map: ClassVar[DeviceMapRule] = DeviceMapRule.ADMIT_MESH_BOUND",
+        "device_map: ClassVar[DeviceMapRule] = DeviceMapRule.REFUSE",
+        UNITS,
+        "FAILED \\S*::test_ep_meta_decisions",
+    ),
+    Mutation(
+        "zero3init-plain-weight-init",
+        "Zero3Init initialises missing weights gathered",
+        Target.POLICY,
+        "policy.py",
+        "weight_init: ClassVar[WeightInit] = WeightInit.GATHERED",
+        "weight_init: ClassVar[WeightInit] = WeightInit.PLAIN",
+        UNITS,
+        "FAILED \\S*::test_zero3_init_decisions",
+    ),
+    Mutation(
+        "quantized-build-unmarked",
+        "MetaShardOnRead marks a quantized build under ZeRO-3",
+        Target.POLICY,
+        "policy.py",
+        "return InitContext.META_QUANTIZED if self.zero3_enabled and self.quantized else InitContext.META",
+        "return InitContext.META",
+        UNITS,
+        "FAILED \\S*::test_meta_shard_on_read_decisions\\[True-True",
+    ),
+    Mutation(
+        "epmeta-nested-zero3-init",
+        "EPMeta's sub-models are built on meta, not under a nested zero.Init",
+        Target.POLICY,
+        "policy.py",
+        "nested_from_config_opens_zero3_init: ClassVar[bool] = False  # a nested zero.Init",
+        "nested_from_config_opens_zero3_init: ClassVar[bool] = True  # a nested zero.Init",
+        UNITS,
+        "FAILED \\S*::test_ep_meta_decisions",
+    ),
+    Mutation(
+        "composite-sub-model-zero3-init",
+        "a composite model's sub-models stay on their EPMeta parent's meta device, under no nested zero.Init",
+        Target.TREE,
+        "modeling_utils.py",
+        'needs_zero3_init = needs_zero3_init and torch.empty(0).device.type != "meta"',
+        "needs_zero3_init = needs_zero3_init",
+        COMPOSITE_EP_LOAD,
+        "Cannot copy out of meta tensor",
+    ),
+    Mutation(
+        "zero3-fsdp-admitted",
+        "ZeRO-3 with FSDP2 is refused",
+        Target.POLICY,
+        "policy.py",
+        "if (sizes.fsdp > 1 and not token_dispatch) or (sizes.dp_replicate > 1 and not sizes.expert_parallel):",
+        "if False:",
+        UNITS,
+        "FAILED \\S*::(test_impossible_combination_is_refused_naming_values\\[ZeRO-3"
+        " \\+ FSDP2\\]|test_selection_invariants)",
+    ),
+    Mutation(
+        "gate-2-reverted",
+        "EP under ZeRO-3 keeps its mesh-bound device_map (gate 2 of the loading map)",
+        Target.TREE,
+        "integrations/accelerate.py",
+        'if set(device_map) != {""}:',
+        "if True:",
+        EP_LOAD,
+        "loads each rank's shards onto the single device its mesh binds",
+    ),
+    Mutation(
+        "shared-conversion-bug",
+        "mixtral's w1/w3 merge order (a bug the patched tree's one-process load would share)",
+        Target.TREE,
+        "conversion_mapping.py",
+        MIXTRAL_GATE_UP.format(first="w1", second="w3"),
+        MIXTRAL_GATE_UP.format(first="w3", second="w1"),
+        EP_LOAD,
+        "gate_up_proj: not this rank's slice of the checkpoint",
+    ),
+    Mutation(
+        "quantizer-map-refused",
+        "ZeRO-3 refuses only the device_map passed in, not the quantizer's",
+        Target.TREE,
+        "modeling_utils.py",
+        "check_device_map_for_load_policy(requested_device_map, load_policy)",
+        "check_device_map_for_load_policy(device_map, load_policy)",
+        QUANTIZED,
+        "DeepSpeed Zero-3 is not compatible with passing a `device_map`",
+    ),
+    Mutation(
+        "token-dispatch-refused",
+        "ZeRO-3 owns the fsdp ranks of token dispatch (DistributedConfig(fsdp_size=W, ep_size=E))",
+        Target.TREE,
+        "integrations/load_policy.py",
+        "token_dispatch = sizes.expert_parallel and sizes.tp == 1 and sizes.dp_replicate == 1",
+        "token_dispatch = False",
+        DISPATCH,
+        "ZeRO-3 cannot be combined with FSDP2 data parallelism \\(fsdp_size=2",
+    ),
+    Mutation(
+        "capability-checked-after-reading",
+        "DeepSpeed's expert placement is checked before any weight is read (the EP PR's hand-over)",
+        Target.TREE,
+        "modeling_utils.py",
+        "check_deepspeed_holds_expert_groups()  # before any weight is read",
+        "pass",
+        in_tree("test_a_deepspeed_without_expert_placement_is_refused_before_any_weight_is_read"),
+        "'ImportError: Expert parallelism under ZeRO-3 needs a DeepSpeed' not found in 'OSError",
+    ),
+    Mutation(
+        "conversion-mapping-compiles-every-regex",
+        "a weight transform compiles its source regex when a load first uses it, not when the mapping is built",
+        Target.TREE,
+        "core_model_loading.py",
+        "        self._compiled_sources: re.Pattern[str] | None = None\n",
+        "        self._compiled_sources = re.compile(self._source_regex)\n",
+        in_tree("test_building_the_conversion_mapping_compiles_no_regex"),
+        "\\d+ != 0",
+    ),
+    Mutation(
+        "conversion-mapping-compiles-at-first-match",
+        "a pattern that does not compile fails in get_model_conversion_mapping, before any tensor is read",
+        Target.TREE,
+        "conversion_mapping.py",
+        "        transform.compiled_sources\n",
+        "        pass\n",
+        in_tree("test_a_key_mapping_that_does_not_compile_fails_before_loading"),
+        "error not raised",
+    ),
+    Mutation(
+        "tied-zero3-placeholders-compared",
+        "a tied pair stored apart under ZeRO-3 is compared by its values, not by ZeRO-3's empty placeholders",
+        Target.TREE,
+        "distributed/sharding_utils.py",
+        '    if hasattr(source, "ds_tensor") and hasattr(target, "ds_tensor"):\n',
+        "    if False:\n",
+        in_tree("test_different_stored_weights_stay_untied_with_their_own_values"),
+        # tied on every rank, the head the embeddings where the checkpoint stores its own
+        "'tied': True, 'lm_head_equal': False",
+    ),
+    Mutation(
+        "tied-zero3-partitions-never-equal",
+        "a tied pair stored twice with equal values is still tied under ZeRO-3",
+        Target.TREE,
+        "distributed/sharding_utils.py",
+        "    equal = torch.equal(source.ds_tensor[:held], target.ds_tensor[:held])\n",
+        "    equal = False\n",
+        in_tree("test_equal_stored_weights_are_tied"),
+        # untied on every rank where the checkpoint stores the same values twice
+        "'tied': False",
+    ),
+    Mutation(
+        "ep-load-for-deepspeed-below-zero3-not-refused",
+        "an expert-parallel model is refused at load under a DeepSpeed config below ZeRO-3",
+        Target.TREE,
+        "distributed/mixin.py",
+        "        if distributed_config.ep_size > 1 and (reason := deepspeed_without_zero3_reason()) is not None:\n",
+        "        if False:\n",
+        in_tree("test_expert_parallelism_with_a_deepspeed_config_below_zero3_is_refused_at_load"),
+        # the load goes on to the device mesh, which needs a process group this one-process test has not
+        "OSError: We tried to initialize torch.distributed for you",
+    ),
+    Mutation(
+        "tp-load-beside-deepspeed-refused",
+        "tensor parallelism without EP loads beside a DeepSpeed config below ZeRO-3, as before",
+        Target.TREE,
+        "distributed/mixin.py",
+        "        if distributed_config.ep_size > 1 and (reason := deepspeed_without_zero3_reason()) is not None:\n",
+        "        if (reason := deepspeed_without_zero3_reason()) is not None:\n",
+        in_tree("test_tensor_parallelism_alone_is_left_to_load_as_before"),
+        "'DeepSpeed' unexpectedly found in",
+    ),
+)
