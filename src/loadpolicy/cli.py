@@ -43,8 +43,9 @@ class _LazyCommand:
         except ModuleNotFoundError as exc:
             if exc.name != LAB_PACKAGE:
                 raise
-            parser = subparsers.add_parser(self.name, help=self.help)
-            parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            # no option prefix: whatever follows the command (`--runs 3`, `-h`) reaches the handler that names the lab
+            parser = subparsers.add_parser(self.name, help=self.help, prefix_chars="\0", add_help=False)
+            parser.add_argument("arguments", nargs="*")
             parser.set_defaults(handler=_LabMissing(self.name))
             return
         getattr(module, self.adder)(subparsers)

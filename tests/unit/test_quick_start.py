@@ -104,3 +104,20 @@ def test_help_and_version_answer_at_once(fresh: tuple[Path, Path], flag: str) ->
         seconds.append(time.perf_counter() - start)
         assert result.returncode == 0, result.stderr
     assert statistics.median(seconds) < PROMPT_S, seconds
+
+
+def test_the_users_install_holds_the_product_without_the_lab(fresh: tuple[Path, Path]) -> None:
+    """`pip install .` carries the policy and its commands; the harness and suites stay in the checkout."""
+    clone, bin_dir = fresh
+    if not (bin_dir / "loadpolicy").exists():
+        _run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "."], clone)
+    files = _run([str(bin_dir / "python"), "-m", "pip", "show", "--files", "loadpolicy"], clone).stdout
+    assert "loadpolicy/policy.py" in files, files
+    assert "loadpolicy_lab" not in files, files
+    outside = _run([str(bin_dir / "python"), "-c", "import loadpolicy_lab"], clone.parent)
+    assert outside.returncode != 0
+    lab_command = _run([str(bin_dir / "loadpolicy"), "dev", "bench", "--runs", "1"], clone.parent)
+    assert lab_command.returncode == 2, lab_command
+    assert "Traceback" not in lab_command.stderr, lab_command.stderr
+    assert "loadpolicy_lab" in lab_command.stderr, lab_command.stderr
+    assert "pip install -e '.[dev]'" in lab_command.stderr, lab_command.stderr
