@@ -31,12 +31,13 @@ LAYERS = {
     "upstream": 1,
     "harness": 2,
     "tinymodels": 3,
+    "training": 3,  # the steps, spec and comparisons the suites that train share
     "matrix": 4,
     "parity": 4,
     "faults": 4,
     "bench": 5,
-    "autoep": 5,  # reuses parity's training loop and judges
-    "throughput": 6,  # trains AutoEP as one of its ways
+    "autoep": 5,
+    "throughput": 6,  # builds the bench's models
     "save": 5,  # saves the bench's models and the real-width shapes
     "widths": 5,  # loads through the bench's worker and cases
     "gpu": 6,  # reads a published width built by widths.shapes

@@ -14,9 +14,10 @@ from loadpolicy_lab.harness.launch import Tree
 from loadpolicy_lab.harness.rank import RankFailure, parse, read_raw
 from loadpolicy_lab.matrix.cases import STOCK_DEVICE_MAP_ERROR
 from loadpolicy_lab.parity.cases import ParityCase, Trainer
-from loadpolicy_lab.parity.contract import Reloaded, SingleRun, TrainedRank
+from loadpolicy_lab.parity.contract import Reloaded, TrainedRank
 from loadpolicy_lab.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
 from loadpolicy_lab.parity.run import _outcome, _stock_outcome
+from loadpolicy_lab.training.contract import SingleRun
 
 
 EXPERT = "model.layers.0.mlp.experts.down_proj"

@@ -1,13 +1,13 @@
 """What an AutoEP-comparison rank reports: the contract between `autoep.worker` (writes) and `autoep.run` (judges).
 
-Read back with `parity.contract.parse`: a missing field is a failure naming it, never a pass.
+Read back with `harness.rank.parse`: a missing field is a failure naming it, never a pass.
 """
 
 # No `from __future__ import annotations`: TypedDict reads `NotRequired` off evaluated annotations only, and
 # `parse` relies on `__required_keys__`.
 from typing import Any, NotRequired, TypedDict
 
-from loadpolicy_lab.parity.contract import ParitySpec, SingleRun, Tensor
+from loadpolicy_lab.training.contract import SingleRun, Tensor, TrainingSpec
 
 
 class StageFigures(TypedDict):
@@ -38,7 +38,7 @@ class WayRank(TypedDict):
     expert_rows: dict[str, list[int]]
     losses: list[float]
     weights: dict[str, Tensor]
-    # EPMeta: what the load handed to DeepSpeed's expert groups (`parity.judges.handover_problems`)
+    # EPMeta: what the load handed to DeepSpeed's expert groups (`training.compare.handover_problems`)
     experts: NotRequired[list[str]]
     unchanged: NotRequired[dict[str, bool]]
     # AutoEP: whether the output-capture registry shim was needed, and where AutoEP put each layer's experts
@@ -46,7 +46,9 @@ class WayRank(TypedDict):
     autoep_layers: NotRequired[dict[str, dict[str, object]]]
 
 
-class AutoEPSpec(ParitySpec):
-    """Parity's spec (the same reference and training), and AutoEP's config section for the AutoEP way."""
+class AutoEPSpec(TrainingSpec):
+    """The training parity runs (the same reference and steps), the way to run, and AutoEP's config section."""
+
+    mode: str  # single, epmeta or autoep (the worker's docstring)
 
     expert_parallel: NotRequired[dict[str, Any]]

@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.shape import LaunchShape
-from loadpolicy_lab.autoep.cases import ARCHS, DP, MIB, STEPS, WORLD, Way, expert_parallel_section
+from loadpolicy_lab.autoep.cases import ARCHS, DP, MIB, STEPS, WORLD, Way
 from loadpolicy_lab.autoep.contract import AutoEPSpec, ReferenceRun, WayRank
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy_lab.parity.judges import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
 from loadpolicy_lab.tinymodels.checkpoints import build_checkpoint
+from loadpolicy_lab.training.autoep import expert_parallel_section
+from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +202,7 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
             "distributed": LaunchShape.experts_over(WORLD, WORLD // DP, zero3=True).expert_parallel_config(),
             "clip": clip,
             "frozen": [],
-            "checkpoint_dir": "",
-            "export_dir": "",
-            "export_unshared": False,
-            "save_steps": 0,
-            "resume_from": "",
             "offload": False,
-            "lora": False,
-            "distributed_reference": False,
             "resumed_distributed": {},
             "resumed_steps": 0,
         }

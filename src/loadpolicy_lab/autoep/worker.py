@@ -21,46 +21,11 @@ from loadpolicy_lab.autoep.contract import AutoEPSpec, ReferenceRun, StageFigure
 from loadpolicy_lab.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed
 from loadpolicy_lab.harness.procfs import PeakSampler, memory_status
 from loadpolicy_lab.harness.rank import Rank, run_rank
-from loadpolicy_lab.parity import worker as parity_worker
+from loadpolicy_lab.training import steps as training
+from loadpolicy_lab.training.autoep import apply_output_capture_registry_shim
 
 
 Stage = Callable[[str], None]
-
-
-# --- COMPATIBILITY SHIM: DeepSpeed 0.19.8 AutoEP on transformers 5.23.0 (not part of the patch series) -------------
-#
-# transformers 5.23.0 keys its output-capture registry (`utils/output_capturing.py:39-53`) by model: `get(model)`
-# looks up `str(model.__class__)` and takes no default; `registry[model] = ...` stores under `str(model.__class__)`.
-# AutoEP (`module_inject/auto_ep_presets/base.py`) treats the registry as the plain dict it was, keyed by that string:
-# `registry.get(key, default)` (line 326: "TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3
-# were given", inside `deepspeed.initialize`), `registry.get(key)` (which would look up "<class 'str'>" and find
-# nothing), and `registry[key] = entry` when it restores the entries it swapped in (stored under "<class 'str'>").
-# The shim makes a key that already is a string behave as a plain dict key; a model behaves as before.
-
-
-def apply_output_capture_registry_shim() -> bool:
-    """Let AutoEP use transformers' `_CAN_RECORD_REGISTRY` with string keys. True if it changed anything."""
-    from transformers.utils import output_capturing  # noqa: PLC0415  # the stock tree's, on its PYTHONPATH
-
-    registry_class = type(output_capturing._CAN_RECORD_REGISTRY)
-    if registry_class is dict or getattr(registry_class, "_loadpolicy_autoep_shim", False):
-        return False
-    get_by_model = registry_class.get
-    set_by_model = registry_class.__setitem__
-
-    def get(self: dict[str, Any], key: Any, *default: Any) -> Any:
-        return dict.get(self, key, *default) if isinstance(key, str) else get_by_model(self, key)
-
-    def setitem(self: dict[str, Any], key: Any, value: Any) -> None:
-        if isinstance(key, str):
-            dict.__setitem__(self, key, value)
-        else:
-            set_by_model(self, key, value)
-
-    registry_class.get = get
-    registry_class.__setitem__ = setitem
-    registry_class._loadpolicy_autoep_shim = True
-    return True
 
 
 # --- measuring ------------------------------------------------------------------------------------------------------
@@ -170,39 +135,36 @@ def _single(spec: AutoEPSpec, stage: Stage) -> ReferenceRun:
     # The weights as loaded: what each way holds before its first step is compared with them
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     del model
-    trained = parity_worker.train_single(spec, stage)
+    trained = training.train_single(spec, stage)
     return {"losses": trained["losses"], "weights": trained["weights"], "initial": initial}
 
 
 def _train(engine: Any, spec: AutoEPSpec, rank: int, world: int, stage: Stage) -> list[float]:
     batches = [
-        parity_worker.replica_batch(batch, spec, rank, world)
-        for batch in parity_worker.fixed_batches(spec, spec["steps"])
+        training.replica_batch(batch, spec, rank, world) for batch in training.fixed_batches(spec, spec["steps"])
     ]
-    return parity_worker.train_engine(engine, batches, stage)
+    return training.train_engine(engine, batches, stage)
 
 
 def _epmeta(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    ds_config = parity_worker.deepspeed_config(spec, world)
+    ds_config = training.deepspeed_config(spec, world)
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
     with _measured(figures, "load", device):
-        model = parity_worker.load_ep(spec, world)
-    loaded = parity_worker.loaded_state(model)
+        model = training.load_ep(spec, world)
+    loaded = training.loaded_state(model)
     stage("deepspeed.initialize")
     with _measured(figures, "initialize", device):
         engine, *_ = deepspeed.initialize(
-            model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
+            model=model, optimizer=training.make_optimizer(model, spec), config=ds_config
         )
     stage("gather initial")
-    initial = parity_worker.gathered_weights(engine.module)
-    ep_rank = rank % (
-        world // parity_worker.replicas(spec["distributed"])
-    )  # the mesh: dp_replicate outer, tp/ep inner
+    initial = training.gathered_weights(engine.module)
+    ep_rank = rank % (world // training.replicas(spec["distributed"]))  # the mesh: dp_replicate outer, tp/ep inner
     rows = {n: [ep_rank * initial[n].shape[0], (ep_rank + 1) * initial[n].shape[0]] for n in loaded["experts"]}
     losses = _train(engine, spec, rank, world, stage)
     stage("gather")
@@ -214,7 +176,7 @@ def _epmeta(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: 
         "initial": initial,
         "expert_rows": rows,
         "losses": losses,
-        "weights": parity_worker.gathered_weights(engine.module),
+        "weights": training.gathered_weights(engine.module),
     }
 
 
@@ -223,7 +185,7 @@ def _autoep(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: 
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
     from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    ds_config = parity_worker.deepspeed_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
+    ds_config = training.deepspeed_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
     keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
@@ -239,16 +201,16 @@ def _autoep(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: 
     stage("deepspeed.initialize")
     with _measured(figures, "initialize", device):
         engine, *_ = deepspeed.initialize(
-            model=model, optimizer=parity_worker.make_optimizer(model, spec), config=ds_config
+            model=model, optimizer=training.make_optimizer(model, spec), config=ds_config
         )
     stage("gather initial")
     layers = autoep_layers(engine.module, shapes, get_preset(spec["expert_parallel"]["preset_model"]))
     if not layers:
         raise RuntimeError("deepspeed.initialize replaced no MoE block with an AutoEPMoELayer")
-    initial, rows = to_hf_layout(parity_worker.gathered_weights(engine.module), layers)
+    initial, rows = to_hf_layout(training.gathered_weights(engine.module), layers)
     losses = _train(engine, spec, rank, world, stage)
     stage("gather")
-    weights, _ = to_hf_layout(parity_worker.gathered_weights(engine.module), layers)
+    weights, _ = to_hf_layout(training.gathered_weights(engine.module), layers)
     return {
         "policy": f"stock zero.Init ({partitioned}/{len(shapes)} parameters partitioned)",
         "shim_applied": shim,

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadpolicy_lab.autoep.cases import expert_parallel_section
 from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
 from loadpolicy_lab.bench.fingerprint import check_loaded
 from loadpolicy_lab.bench.logits_rank import NO_LOGITS, judge_logits
@@ -30,6 +29,7 @@ from loadpolicy_lab.harness.device import (
 )
 from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.training.autoep import expert_parallel_section
 
 
 def _local(param: Any) -> Any:
@@ -122,7 +122,7 @@ def _initialize(model: Any, config: dict[str, Any], device: RankDevice) -> tuple
     import torch  # noqa: PLC0415
 
     if "expert_parallel" in config:  # AutoEP on the stock tree
-        from loadpolicy_lab.autoep.worker import apply_output_capture_registry_shim  # noqa: PLC0415
+        from loadpolicy_lab.training.autoep import apply_output_capture_registry_shim  # noqa: PLC0415
 
         apply_output_capture_registry_shim()
     # transformers' MoE blocks hold their experts as `experts`: AutoEP must replace every one of them

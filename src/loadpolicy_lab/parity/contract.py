@@ -7,19 +7,13 @@ that is not there and a missing figure can never count as a pass.
 
 # No `from __future__ import annotations`: TypedDict reads `NotRequired` off evaluated annotations only, and
 # `parse` relies on `__required_keys__`.
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
+
+from loadpolicy_lab.training.contract import Tensor, TrainingSpec
 
 
-Tensor = Any  # torch.Tensor: torch is Any to mypy in this project (pyproject.toml)
 # where a case's DeepSpeed checkpoint, converted for another topology, lies: under its `checkpoint_dir`
 UNIVERSAL_TAG = "universal"
-
-
-class SingleRun(TypedDict):
-    """The one-process reference: its loss per step and its final weights."""
-
-    losses: list[float]
-    weights: dict[str, Tensor]
 
 
 class Export(TypedDict):
@@ -70,25 +64,17 @@ class Reloaded(TypedDict):
     keys_in_checkpoint: list[str]
 
 
-class ParitySpec(TypedDict):
-    """What `run` hands every rank of a launch (OUT/spec.json); the one-process reference reads the same."""
+class ParitySpec(TrainingSpec):
+    """What `run` hands every rank of a launch (OUT/spec.json); the one-process reference reads the same: the training
+    (`training.contract`) and what the parity cases add to it."""
 
     mode: str  # single, deepspeed, accelerate, trainer or reload (the worker's docstring)
-    model_class: str
-    checkpoint: str
-    steps: int
-    lr: float
-    optimizer: str  # adamw or sgd
-    distributed: dict[str, int | bool]  # EP: every parity launch has one
-    clip: float
-    frozen: list[str]  # parameter names kept frozen
     checkpoint_dir: str  # "" for none: where `save_checkpoint` writes
     export_dir: str  # "" for none: where the trained model is saved for the Hub
     # every rank but rank 0 saves into `export_dir` + ".rank<R>" instead: directories the other ranks do not see
     export_unshared: bool
     save_steps: int  # 0 for none: the Trainer's checkpoint interval
     resume_from: str  # "" for none: the Trainer checkpoint, or DeepSpeed's Universal Checkpoint, a launch resumes from
-    offload: bool  # ZeRO-3 offloads parameters and optimizer states to the CPU
     # a PEFT LoRA adapter on the attention projections and on the experts (`target_parameters`), trained instead of
     # the model, every adapter set to the same values as the reference's (an EP rank: its experts' blocks)
     lora: bool
@@ -96,8 +82,3 @@ class ParitySpec(TypedDict):
     # load-balancing loss on, computed per micro-batch and scaled by the Trainer with the ranks' token count, which
     # one process on the global batch does not reproduce
     distributed_reference: bool
-    # resuming at another topology: after `steps`, DeepSpeed's checkpoint is converted to a Universal Checkpoint and a
-    # new launch with this distributed config ({} for none) loads it and trains `resumed_steps` more steps; the one
-    # process trains the same steps on that topology's global batches
-    resumed_distributed: dict[str, int | bool]
-    resumed_steps: int

@@ -8,19 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from loadpolicy_lab.harness.rank import RankFailure
-from loadpolicy_lab.parity.contract import Reloaded, SingleRun, TrainedRank
+from loadpolicy_lab.parity.contract import Reloaded, TrainedRank
+from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, handover_problems, relative_diff
+from loadpolicy_lab.training.contract import SingleRun
 
 
-MAX_RELATIVE_DIFF = 1e-5
 RESUME_AFTER = 2  # steps
 # Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
 FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
-
-
-def relative_diff(a: Any, b: Any) -> float:
-    """max |a - b| / max |b| over a tensor (0 when both are zero)."""
-    scale = float(b.abs().max())
-    return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
 
 
 def compare_training(single: SingleRun, results: list[TrainedRank], dp: int = 1) -> tuple[list[str], float, float]:
@@ -87,19 +82,6 @@ def expert_slice(name: str, full: Any, index: int, ep: int, experts: int) -> Any
         return blocks[:, :, index * n : (index + 1) * n].reshape(full.shape[0], -1)
     n = full.shape[0] // ep
     return full[index * n : (index + 1) * n]
-
-
-def handover_problems(rank: int, policy: str, experts: list[str], unchanged: dict[str, bool]) -> list[str]:
-    """EPMeta selected, expert shards handed to DeepSpeed's expert groups, and unchanged by the wrap."""
-    problems = []
-    if policy != "EPMeta":
-        problems.append(f"rank {rank}: policy {policy}")
-    if not experts:
-        problems.append(f"rank {rank}: no parameter was handed to DeepSpeed's expert groups")
-    changed = [n for n, same in unchanged.items() if not same]
-    if changed or len(unchanged) != len(experts):
-        problems.append(f"rank {rank}: expert shards changed (or unchecked) across the DeepSpeed wrap: {changed}")
-    return problems
 
 
 def expert_group_problems(rank: int, groups: list[list[int]], ep: int, world: int) -> list[str]:

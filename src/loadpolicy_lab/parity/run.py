@@ -19,18 +19,18 @@ from typing import Any
 from loadpolicy_lab.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree, launch
 from loadpolicy_lab.harness.rank import RankFailure, parse, read_raw, transformers_file
 from loadpolicy_lab.parity.cases import ParityCase, Trainer
-from loadpolicy_lab.parity.contract import UNIVERSAL_TAG, ParitySpec, Reloaded, SingleRun, TrainedRank
+from loadpolicy_lab.parity.contract import UNIVERSAL_TAG, ParitySpec, Reloaded, TrainedRank
 from loadpolicy_lab.parity.judges import (
     FROZEN,
-    MAX_RELATIVE_DIFF,
     RESUME_AFTER,
     checkpoint_problems,
     compare_export,
     compare_resumed,
     compare_training,
-    relative_diff,
 )
 from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, relative_diff
+from loadpolicy_lab.training.contract import SingleRun
 
 
 WORKER = "loadpolicy_lab.parity.worker"

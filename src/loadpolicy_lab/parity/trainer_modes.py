@@ -17,8 +17,10 @@ from loadpolicy_lab.harness.device import (
     start_deepspeed_distributed,
     training_args_device_kwargs,
 )
-from loadpolicy_lab.parity.contract import ParitySpec, SingleRun, TrainedRank
-from loadpolicy_lab.parity.worker import (
+from loadpolicy_lab.parity.contract import ParitySpec, TrainedRank
+from loadpolicy_lab.parity.worker import save_for_the_hub, trained_rank
+from loadpolicy_lab.training.contract import SingleRun
+from loadpolicy_lab.training.steps import (
     MICRO_BATCH,
     Stage,
     deepspeed_config,
@@ -27,8 +29,6 @@ from loadpolicy_lab.parity.worker import (
     gathered_weights,
     load_ep,
     loaded_state,
-    save_for_the_hub,
-    trained_rank,
     unchanged_experts,
 )
 

@@ -17,13 +17,12 @@ from typing import Any
 import torch
 import transformers
 
-from loadpolicy_lab.autoep.cases import expert_parallel_section
-from loadpolicy_lab.autoep.worker import apply_output_capture_registry_shim
 from loadpolicy_lab.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed, synchronize, to_device
 from loadpolicy_lab.harness.procfs import memory_status
 from loadpolicy_lab.harness.rank import Rank, run_rank
-from loadpolicy_lab.parity import worker as parity_worker
 from loadpolicy_lab.throughput.contract import StepTimes, ThroughputRank, ThroughputSpec
+from loadpolicy_lab.training import steps as training
+from loadpolicy_lab.training.autoep import apply_output_capture_registry_shim, expert_parallel_section
 
 
 # Profiler event names of the collectives (c10d ops, and the waits of functional collectives, which transformers'
@@ -65,7 +64,7 @@ def distinct_batches(spec: ThroughputSpec, world: int) -> int:
     """Micro-batches the world trains per step, as the distributed config says (the ranks of a tp = ep group share
     one); one per rank without a distributed config."""
     sizes = spec["distributed"]
-    return parity_worker.replicas(sizes) if sizes else world
+    return training.replicas(sizes) if sizes else world
 
 
 def step_batches(spec: ThroughputSpec, world: int, step: int) -> Any:

@@ -10,8 +10,8 @@ from typing import Any
 
 from loadpolicy_lab.faults.run import MAX_SECONDS_TO_ERROR, FaultOutcome
 from loadpolicy_lab.matrix.run import RunOutcome
-from loadpolicy_lab.parity.judges import MAX_RELATIVE_DIFF
 from loadpolicy_lab.parity.run import ParityOutcome
+from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF
 
 
 def _key(outcome: RunOutcome) -> tuple[str, str, int]:
