@@ -126,8 +126,8 @@ def test_no_function_is_over_60_lines() -> None:
     assert long == []
 
 
-# Modules over the bound before it was written down, each to be split when next worked on; none may join them.
-OVER_400_LINES = {"parity/worker.py", "policy.py", "widths/run.py"}
+# policy.py is carried verbatim into transformers as one module; every other module stays under the bound.
+OVER_400_LINES = {"policy.py"}
 
 
 def test_no_module_is_over_400_lines() -> None:

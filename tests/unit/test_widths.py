@@ -18,17 +18,16 @@ from loadpolicy_lab.bench.contract import LoadMeasurement
 from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement
 from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
-from loadpolicy_lab.widths.run import (
+from loadpolicy_lab.widths.report import goals, render_markdown
+from loadpolicy_lab.widths.rows import (
     LIMIT,
     LIMIT_IN_FLIGHT,
     LIMIT_KEPT,
     PEER,
     PEER_EXPERTS,
     Row,
-    goals,
     load_row,
     reader_row,
-    render_markdown,
 )
 from loadpolicy_lab.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
 

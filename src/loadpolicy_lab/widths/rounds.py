@@ -22,14 +22,8 @@ from loadpolicy.errors import positive_int
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy_lab.widths.run import (
-    MAX_GIB,
-    Row,
-    WidthsFailedError,
-    load_once,
-    prepare_checkpoint,
-    read_once,
-)
+from loadpolicy_lab.widths.rows import Row
+from loadpolicy_lab.widths.run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
 from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 

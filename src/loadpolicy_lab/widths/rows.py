@@ -1,0 +1,167 @@
+"""A row of the real-width table: one way (a load, the read limit or the peer) of one shape at one rank count, made
+from its ranks' measurements."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from loadpolicy.units import GIB
+from loadpolicy_lab.bench.cases import Case
+from loadpolicy_lab.bench.contract import LoadMeasurement
+from loadpolicy_lab.widths.cases import DCP_READERS, Reader
+from loadpolicy_lab.widths.contract import ReaderMeasurement
+
+
+LIMIT = "limit: pread of each rank's share"
+LIMIT_IN_FLIGHT = "limit: pread of each rank's share, 4 in flight"
+LIMIT_KEPT = "limit: pread of each rank's share, 4 in flight, into memory it keeps"
+PEER = "DCP HuggingFaceStorageReader (peer)"
+PEER_EXPERTS = "DCP HuggingFaceStorageReader, experts whole on their rank (peer)"
+WAY_OF_READER = {
+    Reader.PREAD: LIMIT,
+    Reader.PREAD_IN_FLIGHT: LIMIT_IN_FLIGHT,
+    Reader.PREAD_KEPT: LIMIT_KEPT,
+    Reader.DCP: PEER,
+    Reader.DCP_EXPERTS: PEER_EXPERTS,
+}
+LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    shape: str
+    ranks: int
+    way: str
+    checkpoint_gib: float
+    error: str | None = None
+    seconds: float | None = None  # the slowest rank
+    peak_gib: float | None = None  # the largest per-rank peak RSS
+    ideal_gib: float | None = None  # on that rank: T/W + its RSS before reading
+    read_rank_gib: float | None = None  # the most one rank read from storage
+    checked: int = 0  # parameters (loads) or tensors (DCP) whose values were compared
+    # loads, the largest rank's: logits' root mean square from the float32 one-process forward's, and its bound
+    # (`bench.logits`); max |logits - the bf16 one-process logits|
+    logits_error: float | None = None
+    logits_bound: float | None = None
+    logits_from_one_process: float | None = None
+    logits_half_the_experts: float | None = None  # the reference's: a forward missing half the experts lands there
+    logits_not_judged: str | None = None  # why a load's forward did not run (the same on every rank)
+    # ZeRO-3 loads: the slowest rank's load, touch and `deepspeed.initialize` (until training can start), and the
+    # largest per-rank peak RSS over all three
+    trainable_seconds: float | None = None
+    trainable_peak_gib: float | None = None
+    # CPU of every rank together (user + system): a load's over `from_pretrained`, a reader's over its read
+    cpu_seconds: float | None = None
+    # patched loads: the slowest rank's seconds in partition reads alone (files opened to the last byte in place),
+    # what a reader such as DCP does into tensors allocated beforehand; None where a rank read none
+    reading_seconds: float | None = None
+
+    @property
+    def peak_over_ideal(self) -> float | None:
+        return None if self.peak_gib is None or not self.ideal_gib else self.peak_gib / self.ideal_gib
+
+
+def _worst(per_rank: list[tuple[float, float]]) -> tuple[float, float]:
+    """(peak, ideal) of the rank whose peak is the largest multiple of its ideal."""
+    return max(per_rank, key=lambda pair: pair[0] / pair[1])
+
+
+def load_row(
+    shape: str, case: Case, ranks: int, total: int, results: list[LoadMeasurement] | str, **judged: Any
+) -> Row:
+    """A transformers load's row: its problems (another policy, values not the checkpoint's) fail it."""
+    base = Row(shape, ranks, case.label, total / GIB)
+    if isinstance(results, str):
+        return replace(base, error=results)
+    if problems := case.problems(results, judged["tree"], judged["parameters"]):
+        return replace(base, error="; ".join(problems)[:400])
+    # the fingerprints saw the experts before AutoEP regrouped them: its logits must be judged
+    if case.autoep and results[0]["logits_not_judged"]:
+        return replace(base, error=f"AutoEP's regrouped experts not judged: {results[0]['logits_not_judged']}")
+    peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
+    trainable = _until_trainable(results)
+    return replace(
+        base,
+        # until every byte is in memory: a load that maps files reads its pages at first touch
+        seconds=max(r["seconds"] + r["touch_seconds"] for r in results),
+        peak_gib=peak / GIB,
+        ideal_gib=ideal / GIB,
+        read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
+        checked=min(r["fingerprinted"] for r in results),
+        cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
+        reading_seconds=_slowest_reading(results),
+        logits_error=_largest([r["logits_error"] for r in results]),
+        logits_bound=_largest([r["logits_bound"] for r in results]),
+        logits_from_one_process=_largest([r["logits_from_one_process"] for r in results]),
+        logits_half_the_experts=_largest([r["logits_half_the_experts"] for r in results]),
+        logits_not_judged=results[0]["logits_not_judged"],
+        trainable_seconds=trainable[0],
+        trainable_peak_gib=trainable[1],
+    )
+
+
+def _until_trainable(results: list[LoadMeasurement]) -> tuple[float | None, float | None]:
+    """Where every rank ran `deepspeed.initialize`: until training can start, and the peak over loading and it."""
+    seconds, peak = 0.0, 0
+    for r in results:
+        initialize_seconds, initialize_peak = r["initialize_seconds"], r["initialize_peak_total"]
+        if initialize_seconds is None or initialize_peak is None:
+            return None, None
+        seconds = max(seconds, r["seconds"] + r["touch_seconds"] + initialize_seconds)
+        peak = max(peak, r["peak_total"], r["held_total"], initialize_peak)
+    return seconds, peak / GIB
+
+
+def _total(values: list[float | None]) -> float | None:
+    """The sum, or None where a rank did not measure it (a result written before it was)."""
+    return None if any(value is None for value in values) else sum(value or 0.0 for value in values)
+
+
+def _slowest_reading(results: list[LoadMeasurement]) -> float | None:
+    """The slowest rank's partition reads; None unless every rank read partitions."""
+    reading = [r.get("reading_seconds") for r in results]
+    return None if any(seconds is None for seconds in reading) else _largest(reading)
+
+
+def _largest(values: list[float | None]) -> float | None:
+    """The largest; NaN where a rank has NaN, None where no rank has a figure."""
+    present = [value for value in values if value is not None]
+    if any(math.isnan(value) for value in present):
+        return math.nan
+    return max(present, default=None)
+
+
+def reader_row(
+    shape: str, reader: Reader, ranks: int, total: int, tensors: int, results: list[ReaderMeasurement] | str
+) -> Row:
+    """A reader's row: every byte of the checkpoint read exactly once over the ranks; DCP's blocks equal the file's."""
+    base = Row(shape, ranks, WAY_OF_READER[reader], total / GIB)
+    if isinstance(results, str):
+        return replace(base, error=results)
+    problems = []
+    if sum(r["share_bytes"] for r in results) != total:
+        problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
+    if reader in DCP_READERS:
+        # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
+        # the ranks is the check above)
+        held = [tensors if reader is Reader.DCP else r.get("held", tensors) for r in results]
+        problems += [
+            f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
+            for r, expected in zip(results, held, strict=True)
+            if r["checked"] != expected
+        ]
+        problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
+    if problems:
+        return replace(base, error="; ".join(problems)[:400])
+    peak, ideal = _worst([(r["peak_total"], total / ranks + r["rss_before"]) for r in results])
+    return replace(
+        base,
+        seconds=max(r["seconds"] for r in results),
+        peak_gib=peak / GIB,
+        ideal_gib=ideal / GIB,
+        read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
+        checked=min(r["checked"] for r in results) if reader in DCP_READERS else 0,
+        cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
+    )
