@@ -25,6 +25,7 @@ from loadpolicy_lab.validate.mutants.paths import (
     where_it_ran,
     write_record,
 )
+from loadpolicy_lab.validate.mutants.real_width import RealWidth
 from loadpolicy_lab.validate.mutants.row import Mutation
 from loadpolicy_lab.validate.mutants.run import (
     Baseline,
@@ -35,8 +36,9 @@ from loadpolicy_lab.validate.mutants.run import (
     baselines_of,
     on_its_path,
 )
-from loadpolicy_lab.validate.mutants.table import MUTATIONS
+from loadpolicy_lab.validate.mutants.table import ALL_ROWS
 from loadpolicy_lab.validate.mutants.table_check import selection_problems, text_problems
+from loadpolicy_lab.widths.rounds import accepted_ways
 
 
 UNIT_TESTS = Path(__file__).resolve().parent
@@ -225,17 +227,24 @@ def test_a_check_that_selects_nothing_today_is_named() -> None:
     tree = row("tree", "x", check=in_tree("test_renamed_since"))
     fault = row("fault", "x", check=Check("bad input: gone, x2", fault="a case nobody has"))
     files = row("files", "x", check=Check("unit tests: gone", unit_tests=("test_gone.py",)))
-    problems = selection_problems([named, unit, tree, fault, files], {"test_an_in_tree_test"}, UNIT_TESTS)
+    shape = row("shape", "x", check=Check("real width: gone", real_width=RealWidth("llama-9000", 2, ways=("DCP",))))
+    way = row("way", "x", check=Check("real width: way", real_width=RealWidth("mixtral-8x7b", 2, ways=("EPMeta",))))
+    step = row("step", "x", check=Check("real width: step", real_width=RealWidth("mixtral-8x7b", 2, step_case="x")))
+    checked = [named, unit, tree, fault, files, shape, way, step]
+    problems = selection_problems(checked, {"test_an_in_tree_test"}, UNIT_TESTS)
     assert problems == [
         "unit: its expected reason names ['test_no_such_test'], which ['test_variants.py', "
         "'test_selection_table.py'] do not define",
         "tree: no in-tree test is named 'test_renamed_since' (in tests/deepspeed, tests/distributed, tests/utils)",
         "fault: no bad-input case is named 'a case nobody has'",
         f"files: no unit test file {[str(UNIT_TESTS / 'test_gone.py')]}",
+        "shape: no published shape 'llama-9000'",
+        f"way: unknown way 'EPMeta'; accepted: {', '.join(accepted_ways())}",
+        "step: no step case 'x'",
     ]
 
 
 def test_every_check_of_the_table_but_the_in_tree_ones_selects_what_exists_today() -> None:
     """The in-tree tests need a patched checkout: `--check-table` checks them in `tox -e patches`."""
-    in_tree_tests = {m.check.in_tree for m in MUTATIONS if m.check.in_tree is not None}
-    assert selection_problems(MUTATIONS, in_tree_tests, UNIT_TESTS) == []
+    in_tree_tests = {m.check.in_tree for m in ALL_ROWS if m.check.in_tree is not None}
+    assert selection_problems(ALL_ROWS, in_tree_tests, UNIT_TESTS) == []

@@ -288,34 +288,68 @@ def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> Non
 
 
 def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> None:
-    from loadpolicy_lab.widths.rounds import WAYS, round_order
+    from loadpolicy_lab.widths.rounds import default_ways, round_order, ways_for
 
-    assert round_order(0) == WAYS
-    assert round_order(1) == WAYS[::-1]
+    ways = ways_for(default_ways("EPMeta: partition reads"), ["patched"])
+    assert [w.label for w in ways] == ["EPMeta: partition reads, one read at a time", "EPMeta: partition reads", "DCP"]
+    assert round_order(ways, 0) == ways
+    assert round_order(ways, 1) == ways[::-1]
     # over any two rounds, every way has the same mean position
-    positions = {way: [round_order(i).index(way) for i in range(2)] for way in WAYS}
+    positions = {way: [round_order(ways, i).index(way) for i in range(2)] for way in ways}
     assert len({sum(p) for p in positions.values()}) == 1
 
 
-def test_rounds_report_each_ratio_and_name_a_failed_launch() -> None:
-    from loadpolicy_lab.widths.rounds import ONE_READ_AT_A_TIME, PEER, READS_IN_FLIGHT, RoundRow, render_rounds
+def test_a_patched_load_runs_on_every_tree_given_and_a_stock_load_on_stock() -> None:
+    from loadpolicy_lab.widths.cases import Reader
+    from loadpolicy_lab.widths.rounds import ways_for
 
-    def row(seconds: float | None, error: str | None = None) -> Row:
-        return Row("mixtral-8x7b", 2, "x", 3.19, error=error, seconds=seconds)
+    ways = ways_for(["EPMeta: token dispatch", "Zero3Init (stock)", "limit, kept"], ["old", "new"])
+    assert [(w.label, w.tree) for w in ways] == [
+        ("EPMeta: token dispatch @ old", "old"),
+        ("EPMeta: token dispatch @ new", "new"),
+        ("Zero3Init (stock)", "stock"),
+        ("limit, kept", "old"),
+    ]
+    assert ways[-1].reader is Reader.PREAD_KEPT
+    sequential = ways_for(["Zero3Init: partition reads, one read at a time"], ["patched"])
+    assert sequential[0].sequential
+    assert sequential[0].case is not None
+    assert sequential[0].case.label == "Zero3Init: partition reads"
 
+
+def test_an_unknown_way_is_refused_naming_it_and_the_accepted_ones() -> None:
+    from loadpolicy.errors import CommandError
+    from loadpolicy_lab.widths.rounds import ways_for
+
+    with pytest.raises(CommandError, match=r"unknown way 'EPMeta: fast'; accepted: limit, limit, in flight, .*DCP"):
+        ways_for(["EPMeta: fast"], ["patched"])
+
+
+def test_rounds_report_each_way_over_the_first_and_name_a_failed_launch() -> None:
+    from loadpolicy_lab.widths.rounds import RoundRow, render_rounds
+
+    def row(seconds: float | None, error: str | None = None, ranks: int = 2) -> Row:
+        return Row("mixtral-8x7b", ranks, "x", 3.19, error=error, seconds=seconds)
+
+    one, flight, peer = "EPMeta: partition reads, one read at a time", "EPMeta: partition reads", "DCP"
     found = [
-        RoundRow(0, ONE_READ_AT_A_TIME, row(3.0)),
-        RoundRow(0, READS_IN_FLIGHT, row(1.5)),
-        RoundRow(0, PEER, row(2.0)),
-        RoundRow(1, PEER, row(None, "rank 1: values differ")),
-        RoundRow(1, READS_IN_FLIGHT, row(2.0)),
-        RoundRow(1, ONE_READ_AT_A_TIME, row(4.0)),
+        RoundRow(0, one, row(3.0)),
+        RoundRow(0, flight, row(1.5)),
+        RoundRow(0, peer, row(2.0)),
+        RoundRow(1, peer, row(None, "rank 1: values differ")),
+        RoundRow(1, flight, row(2.0)),
+        RoundRow(1, one, row(4.0)),
+        RoundRow(0, one, row(9.0, ranks=4)),
     ]
     text = render_rounds(found, "cmd")
-    assert "| 0 | 3.00 | 1.50 | 2.00 | 0.50x | 0.75x |" in text
+    assert "## mixtral-8x7b, 2 ranks" in text
+    assert "## mixtral-8x7b, 4 ranks" in text
+    assert f"| round | {one} | {flight} | {peer} | {flight} / {one} | {peer} / {one} |" in text
+    assert "| 0 | 3.00 | 1.50 | 2.00 | 0.50x | 0.67x |" in text
     assert "| 1 | 4.00 | 2.00 | FAILED | 0.50x | - |" in text
-    assert "- reads in flight: 1.50-2.00 s, median 1.75 s" in text
+    assert f"- {flight}: 1.50-2.00 s, median 1.75 s; over {one} in the same round: 0.50-0.50x, median 0.50x" in text
     assert "- FAILED DCP (round 1): rank 1: values differ" in text
+    assert "| 0 | 9.00 |" in text
 
 
 def _load(rank: int, deviation: float | None, logits_problems: list[str] | None = None) -> LoadMeasurement:

@@ -1,12 +1,13 @@
-"""`loadpolicy dev widths-rounds`: one partition load against itself and the peer, in interleaved rounds.
+"""`loadpolicy dev widths-rounds`: any set of ways to read real-width checkpoints, on one or several trees, in rounds.
 
-A single run on this disk says little: the same read took 1.3 s and 3.1 s minutes apart. Here one shape at one rank
-count is loaded in rounds, each round the partition load with its reads one at a time (`HF_DEACTIVATE_ASYNC_LOAD=1`),
-the same load with several reads in flight (the patched tree's default) and torch DCP's `HuggingFaceStorageReader`,
-every launch from a cold page cache, in forward then reverse order (A B C, C B A, ...) so that drift within the run
-falls on every way alike. Every launch is judged as `dev widths` judges it (values against the stock one-process
-load's fingerprints; DCP's blocks against the file); a failed judge fails the command. Writes OUT/rounds.md and
-OUT/rounds.json.
+A single run on this disk says little: the same read took 1.3 s and 3.1 s minutes apart. Here each shape at each rank
+count is read every way asked for, round after round, every launch from a cold page cache, in forward then reverse
+order (A B C, C B A, ...) so that drift within the run falls on every way alike. A way is a load (a `widths.cases`
+label, optionally with ", one read at a time": `HF_DEACTIVATE_ASYNC_LOAD=1`), the read limit or torch DCP's reader;
+with `--trees`, each load of the patched tree runs on every tree given (a series against the one before it). Every
+launch is judged as `dev widths` judges it (values against the stock one-process load's fingerprints, logits within
+their bound; DCP's blocks against the file); a failed judge fails the command. The report gives each way's seconds
+per round, their median, and each way over the first in the same round. Writes OUT/rounds.md and OUT/rounds.json.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadpolicy.errors import positive_int
+from loadpolicy.errors import CommandError, positive_int
+from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
@@ -27,12 +30,65 @@ from loadpolicy_lab.widths.run import MAX_GIB, WidthsFailedError, load_once, pre
 from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
-ONE_READ_AT_A_TIME = "one read at a time"
-READS_IN_FLIGHT = "reads in flight"
-PEER = "DCP"
-WAYS = (ONE_READ_AT_A_TIME, READS_IN_FLIGHT, PEER)
 # transformers' switch for sequential loading, which the patched partition reads follow
 SEQUENTIAL = {"HF_DEACTIVATE_ASYNC_LOAD": "1"}
+ONE_AT_A_TIME = ", one read at a time"
+READERS = {
+    "limit": Reader.PREAD,
+    "limit, in flight": Reader.PREAD_IN_FLIGHT,
+    "limit, kept": Reader.PREAD_KEPT,
+    "DCP": Reader.DCP,
+    "DCP, experts whole": Reader.DCP_EXPERTS,
+}
+LOADS_BY_LABEL = {case.label: case for case in LOADS}
+DEFAULT_CASE = "EPMeta: partition reads"
+
+
+def accepted_ways() -> list[str]:
+    return [*READERS, *LOADS_BY_LABEL, *(label + ONE_AT_A_TIME for label in LOADS_BY_LABEL)]
+
+
+@dataclass(frozen=True, slots=True)
+class Way:
+    """One launch of a round: a reader, or a load of a case on a named tree (sequential reads or not)."""
+
+    label: str
+    tree: str
+    reader: Reader | None = None
+    case: Case | None = None
+    sequential: bool = False
+
+
+def default_ways(case: str) -> list[str]:
+    """The partition load with its reads one at a time and in flight, beside DCP."""
+    return [case + ONE_AT_A_TIME, case, "DCP"]
+
+
+def ways_for(names: Sequence[str], trees: Sequence[str]) -> tuple[Way, ...]:
+    """The launches of a round for the ways `names`: a patched load on each of `trees`, labelled with its tree when
+    there are several; a stock load on the stock tree; a reader on the first tree. A name not accepted is an error
+    naming it and the accepted ones."""
+    if unknown := [name for name in names if name not in accepted_ways()]:
+        raise CommandError(f"unknown way {unknown[0]!r}; accepted: {', '.join(accepted_ways())}")
+    ways: list[Way] = []
+    for name in dict.fromkeys(names):
+        if name in READERS:
+            ways.append(Way(name, trees[0], reader=READERS[name]))
+            continue
+        case = LOADS_BY_LABEL[name.removesuffix(ONE_AT_A_TIME)]
+        sequential = name.endswith(ONE_AT_A_TIME)
+        if case.tree is Tree.STOCK:
+            ways.append(Way(name, Tree.STOCK.value, case=case, sequential=sequential))
+            continue
+        for tree in trees:
+            label = name if len(trees) == 1 else f"{name} @ {tree}"
+            ways.append(Way(label, tree, case=case, sequential=sequential))
+    return tuple(ways)
+
+
+def round_order(ways: tuple[Way, ...], index: int) -> tuple[Way, ...]:
+    """The ways of round `index`: forward in even rounds, reversed in odd ones."""
+    return ways if index % 2 == 0 else ways[::-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,85 +98,130 @@ class RoundRow:
     row: Row
 
 
-def round_order(index: int) -> tuple[str, ...]:
-    """The ways of round `index`: forward in even rounds, reversed in odd ones."""
-    return WAYS if index % 2 == 0 else WAYS[::-1]
-
-
 def rounds(
     out: Path,
-    patches: Path,
-    cache: Path,
+    trees: Mapping[str, Path],
     *,
     shape: str,
     ranks: int,
-    case: str,
+    ways: tuple[Way, ...],
     count: int,
     timeout: float,
     checkpoints: Path,
 ) -> list[RoundRow]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
-    checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK], MAX_GIB, timeout)
-    load = next(c for c in LOADS if c.label == case)
+    """`count` rounds of `ways` on one shape at `ranks`, each launch judged; `trees` by name, "stock" among them."""
+    checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK.value], MAX_GIB, timeout)
     found = []
     for index in range(count):
-        for way in round_order(index):
-            where = out / "runs" / f"{index}-{way.replace(' ', '-')}"
-            if way == PEER:
-                row = read_once(checkpoint, ranks, trees[Tree.PATCHED], where, timeout, Reader.DCP)
+        for way in round_order(ways, index):
+            where = out / "runs" / shape / str(ranks) / f"{index}-{way.label.replace(' ', '-').replace('/', '-')}"
+            tree = trees[way.tree]
+            if way.reader is not None:
+                row = read_once(checkpoint, ranks, tree, where, timeout, way.reader)
             else:
-                env = SEQUENTIAL if way == ONE_READ_AT_A_TIME else None
-                row = load_once(checkpoint, load, ranks, trees[load.tree], where, timeout, env=env)
-            print(f"round {index}: {way}: {row.seconds if row.error is None else row.error}", flush=True)
-            found.append(RoundRow(index, way, row))
+                assert way.case is not None
+                env = SEQUENTIAL if way.sequential else None
+                row = load_once(checkpoint, way.case, ranks, tree, where, timeout, env=env)
+            print(f"{shape} x{ranks} round {index}: {way.label}: {row.error or row.seconds}", flush=True)
+            found.append(RoundRow(index, way.label, row))
     return found
 
 
 def render_rounds(found: list[RoundRow], command: str) -> str:
-    """A line per round (seconds of each way, the slowest rank; the load's time over DCP's), then the spread."""
-    by_round: dict[int, dict[str, Row]] = {}
-    for item in found:
-        by_round.setdefault(item.round, {})[item.way] = item.row
+    """Per shape and rank count: a line per round (each way's seconds, the slowest rank; each way over the first way
+    in the same round), then each way's spread and median, and every failed launch."""
     lines = [
-        "# Partition reads in interleaved rounds, beside the peer",
+        "# Ways to read in interleaved rounds",
         "",
         f"`{command}`; every launch from a cold page cache, ways in forward then reverse order; seconds of the "
         "slowest rank (loads: `from_pretrained` and a first touch of every tensor). Every launch judged: loads' "
         "values against the stock one-process load, DCP's blocks against the file.",
-        "",
-        f"| round | {' | '.join(WAYS)} | in flight / one at a time | in flight / DCP |",
-        "|---:|" + "---:|" * (len(WAYS) + 2),
     ]
-    for index, ways in sorted(by_round.items()):
-        seconds = {way: ways[way].seconds for way in WAYS if way in ways and ways[way].error is None}
-        cells = [f"{seconds[way]:.2f}" if way in seconds else "FAILED" for way in WAYS]
-        lines.append(
-            f"| {index} | {' | '.join(cells)} | {_ratio(seconds, READS_IN_FLIGHT, ONE_READ_AT_A_TIME)} | "
-            f"{_ratio(seconds, READS_IN_FLIGHT, PEER)} |"
-        )
-    lines.append("")
-    for way in WAYS:
-        values = [r.row.seconds for r in found if r.way == way and r.row.error is None and r.row.seconds is not None]
-        if values:
-            lines.append(f"- {way}: {min(values):.2f}-{max(values):.2f} s, median {statistics.median(values):.2f} s")
-    lines += [f"- FAILED {r.way} (round {r.round}): {r.row.error}" for r in found if r.row.error]
+    groups: dict[tuple[str, int], list[RoundRow]] = {}
+    for item in found:
+        groups.setdefault((item.row.shape, item.row.ranks), []).append(item)
+    for (shape, ranks), items in groups.items():
+        lines += ["", f"## {shape}, {ranks} ranks", "", *_round_table(items), "", *_spread(items)]
     return "\n".join(lines) + "\n"
 
 
-def _ratio(seconds: dict[str, float | None], over: str, under: str) -> str:
-    top, bottom = seconds.get(over), seconds.get(under)
+def _round_table(items: list[RoundRow]) -> list[str]:
+    ways = list(dict.fromkeys(item.way for item in items))
+    first, others = ways[0], ways[1:]
+    by_round: dict[int, dict[str, Row]] = {}
+    for item in items:
+        by_round.setdefault(item.round, {})[item.way] = item.row
+    lines = [
+        f"| round | {' | '.join(ways)} |{''.join(f' {way} / {first} |' for way in others)}",
+        "|---:|" + "---:|" * (len(ways) + len(others)),
+    ]
+    for index, rows in sorted(by_round.items()):
+        seconds = {way: _seconds(row) for way, row in rows.items()}
+        cells = [f"{seconds[way]:.2f}" if seconds.get(way) is not None else "FAILED" for way in ways]
+        ratios = [_ratio(seconds.get(way), seconds.get(first)) for way in others]
+        lines.append(f"| {index} | {' | '.join(cells)} |{''.join(f' {r} |' for r in ratios)}")
+    return lines
+
+
+def _spread(items: list[RoundRow]) -> list[str]:
+    ways = list(dict.fromkeys(item.way for item in items))
+    first = ways[0]
+    lines = []
+    for way in ways:
+        mine = {item.round: item.row for item in items if item.way == way}
+        values = [s for row in mine.values() if (s := _seconds(row)) is not None]
+        if not values:
+            continue
+        line = f"- {way}: {min(values):.2f}-{max(values):.2f} s, median {statistics.median(values):.2f} s"
+        peaks = [row.peak_over_ideal for row in mine.values() if _seconds(row) and row.peak_over_ideal is not None]
+        if peaks:
+            line += f"; peak {statistics.median(peaks):.3f}x (T/W + baseline), median"
+        if way != first:
+            reference = {item.round: _seconds(item.row) for item in items if item.way == first}
+            ratios = [s / b for r, row in mine.items() if (s := _seconds(row)) and (b := reference.get(r))]
+            if ratios:
+                line += f"; over {first} in the same round: {min(ratios):.2f}-{max(ratios):.2f}x, median "
+                line += f"{statistics.median(ratios):.2f}x"
+        lines.append(line)
+    return lines + [f"- FAILED {r.way} (round {r.round}): {r.row.error}" for r in items if r.row.error]
+
+
+def _seconds(row: Row) -> float | None:
+    return row.seconds if row.error is None else None
+
+
+def _ratio(top: float | None, bottom: float | None) -> str:
     return "-" if top is None or not bottom else f"{top / bottom:.2f}x"
+
+
+def _tree(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path or name == Tree.STOCK.value:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH (a patched tree; NAME not 'stock')")
+    return name, Path(path).resolve()
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "widths-rounds", help="one real-width load, reads one at a time and in flight, beside DCP, in rounds"
+        "widths-rounds", help="real-width reads and loads, any set of ways and trees, in interleaved rounds"
     )
     parser.add_argument("--out", type=Path, default=Path("build/widths-rounds"), help="work and report directory")
-    parser.add_argument("--shape", choices=sorted(SHAPES_BY_NAME), default="mixtral-8x7b")
-    parser.add_argument("--ranks", type=positive_int, default=2)
-    parser.add_argument("--case", choices=sorted(PARTITION_READS), default="EPMeta: partition reads")
+    parser.add_argument("--shape", nargs="+", choices=sorted(SHAPES_BY_NAME), default=["mixtral-8x7b"])
+    parser.add_argument("--ranks", nargs="+", type=positive_int, default=[2])
+    parser.add_argument(
+        "--case",
+        choices=sorted(PARTITION_READS),
+        default=DEFAULT_CASE,
+        help="without --ways: this load one read at a time and in flight, beside DCP",
+    )
+    parser.add_argument("--ways", nargs="+", metavar="WAY", help=f"the ways of a round: {', '.join(accepted_ways())}")
+    parser.add_argument(
+        "--trees",
+        nargs="+",
+        type=_tree,
+        metavar="NAME=PATH",
+        help="patched trees to run every patched load on (default: the series' own, built under OUT)",
+    )
     parser.add_argument("--rounds", type=positive_int, default=4)
     parser.add_argument("--checkpoints", type=Path, help="where the checkpoints are built (default: OUT/checkpoints)")
     add_launch_arguments(parser, timeout=900.0)
@@ -129,20 +230,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _run(args: argparse.Namespace) -> str:
     started = time.monotonic()
-    found = rounds(
-        args.out,
-        args.patches,
-        args.cache,
-        shape=args.shape,
-        ranks=args.ranks,
-        case=args.case,
-        count=args.rounds,
-        timeout=args.timeout,
-        checkpoints=(args.checkpoints or args.out / "checkpoints").resolve(),
-    )
+    prepared = prepare_trees(args.out, args.patches, args.cache)
+    prebuild_deepspeed_ops(args.out)
+    named = dict(args.trees or [(Tree.PATCHED.value, prepared[Tree.PATCHED])])
+    ways = ways_for(args.ways or default_ways(args.case), list(named))
+    trees = {Tree.STOCK.value: prepared[Tree.STOCK], **named}
+    checkpoints = (args.checkpoints or args.out / "checkpoints").resolve()
+    found = []
+    for shape in args.shape:
+        for ranks in args.ranks:
+            found += rounds(
+                args.out,
+                trees,
+                shape=shape,
+                ranks=ranks,
+                ways=ways,
+                count=args.rounds,
+                timeout=args.timeout,
+                checkpoints=checkpoints,
+            )
+    asked = f"--ways {' '.join(repr(w) for w in args.ways)}" if args.ways else f"--case '{args.case}'"
+    given = f" --trees {' '.join(f'{n}=...' for n in named)}" if args.trees else ""
     command = (
-        f"loadpolicy dev widths-rounds --shape {args.shape} --ranks {args.ranks} --case '{args.case}' "
-        f"--rounds {args.rounds}"
+        f"loadpolicy dev widths-rounds --shape {' '.join(args.shape)} --ranks {' '.join(map(str, args.ranks))} "
+        f"{asked}{given} --rounds {args.rounds}"
     )
     text = render_rounds(found, command)
     (args.out / "rounds.md").write_text(text, encoding="utf-8")

@@ -106,15 +106,22 @@ def widths_step(
 ) -> list[Row]:
     trees = prepare_trees(out, patches, cache)
     prebuild_deepspeed_ops(out)
-    path = build(shape, checkpoints.resolve(), max_gib=MAX_GIB)
-    model_class = shape.architecture.model_class
-    reference = checkpoints.resolve().parent / "fingerprints" / shape.name / REFERENCE_NAME
-    one_process(path, model_class, trees[Tree.STOCK], reference, timeout, "loadpolicy_lab.widths.step")
+    path, model_class, reference = prepare_step(shape, checkpoints, trees[Tree.STOCK], timeout)
     runs = out / "runs"
     return [
         step_once(path, model_class, reference, case, ranks, trees, runs / case.label.replace(" ", "_"), timeout)
         for case in cases
     ]
+
+
+def prepare_step(shape: WidthShape, checkpoints: Path, stock: Path, timeout: float) -> tuple[Path, str, Path]:
+    """The shape's checkpoint (built once) and the stock tree's one-process step on it: (checkpoint, model class,
+    the reference step's file)."""
+    path = build(shape, checkpoints.resolve(), max_gib=MAX_GIB)
+    model_class = shape.architecture.model_class
+    reference = checkpoints.resolve().parent / "fingerprints" / shape.name / REFERENCE_NAME
+    one_process(path, model_class, stock, reference, timeout, "loadpolicy_lab.widths.step")
+    return path, model_class, reference
 
 
 def _ratio(value: float) -> str:

@@ -23,6 +23,7 @@ from loadpolicy_lab.matrix.cases import Run, Scenario
 from loadpolicy_lab.matrix.run import run_scenario
 from loadpolicy_lab.parity.cases import ParityCase, Trainer
 from loadpolicy_lab.parity.run import run_parity
+from loadpolicy_lab.validate.mutants.real_width import RealWidth, passes_at_real_width
 
 
 # the folders of the patched tree's tests `_in_tree` selects from (`-k`), relative to the checkout: every file the
@@ -59,6 +60,8 @@ class Setup:
     # the stock tree's parity references, by what trains them (`parity.run`): not the code under test, so every
     # parity run of a table shares them, as the cases of one validation do
     references: dict[str, Path] = field(default_factory=dict)
+    # where the real-width checks' checkpoints are built once (several GiB each)
+    widths_checkpoints: Path = Path("build/widths/checkpoints")
 
 
 TEST_DEFINITION = re.compile(r"^\s*(?:async\s+)?def (test_\w+)\(", re.MULTILINE)
@@ -87,6 +90,7 @@ class Check:
     fault: str | None = None  # a FAULT_CASES name, at 2 ranks
     unit_tests: tuple[str, ...] = ()  # test files under Setup.tests
     in_tree: str | None = None  # a `-k` selection of the patched tree's own DeepSpeed tests (`RUN_SLOW=1`)
+    real_width: RealWidth | None = None  # a run at a published width (`real_width`)
 
     def passes(self, code: Path, setup: Setup, out: Path) -> tuple[bool, str]:
         """Run this check with `code` as the patched tree (or as our package's parent, for unit tests)."""
@@ -102,6 +106,9 @@ class Check:
             case = next(c for c in FAULT_CASES if c.name == self.fault)
             fault = run_fault(case, 2, code, setup.variants, out)
             return fault.passed, fault.detail
+        if self.real_width is not None:
+            stock = setup.trees[Tree.STOCK]
+            return passes_at_real_width(self.real_width, code, stock, setup.widths_checkpoints.resolve(), out)
         if self.in_tree is not None:  # the tree's tests, run on `code`: its `src` goes first on the path
             checkout = setup.trees[Tree.PATCHED]
             options = ["-c", str(checkout / "pyproject.toml"), "--rootdir", str(checkout), "-k", self.in_tree]

@@ -34,6 +34,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help=f"keep where each baseline ran its rows' lines in FILE too (the record CI checks: {RECORD})",
     )
     parser.add_argument(
+        "--real-widths",
+        action="store_true",
+        help="the rows at a published width instead of the table's (minutes each, checkpoints of several GiB)",
+    )
+    parser.add_argument(
+        "--widths-checkpoints",
+        type=Path,
+        default=Path("build/widths/checkpoints"),
+        help="where the real-width rows' checkpoints are built once (default: build/widths/checkpoints)",
+    )
+    parser.add_argument(
         "--check-table",
         type=Path,
         metavar="PATCHED_CHECKOUT",
@@ -59,6 +70,8 @@ def _run(args: argparse.Namespace) -> str:
         jobs=args.jobs,
         baselines_only=args.baselines_only,
         record=args.record_paths,
+        real_widths=args.real_widths,
+        widths_checkpoints=args.widths_checkpoints,
     )
     if mutants(options):
         raise MutationError(

@@ -30,8 +30,9 @@ from loadpolicy_lab.harness.pool import run_all
 from loadpolicy_lab.matrix.run import prepare_matrix
 from loadpolicy_lab.validate.mutants.checks import OUR_PACKAGE, Check, Setup, Target, installed_package
 from loadpolicy_lab.validate.mutants.paths import install_probes, record_entry, where_it_ran, write_record
+from loadpolicy_lab.validate.mutants.real_width import prepare_real_width
 from loadpolicy_lab.validate.mutants.row import Mutation
-from loadpolicy_lab.validate.mutants.table import MUTATIONS
+from loadpolicy_lab.validate.mutants.table import ALL_ROWS, MUTATIONS, REAL_WIDTH_MUTATIONS
 
 
 class Outcome(enum.StrEnum):
@@ -185,7 +186,7 @@ def render(baselines: list[Verdict], verdicts: list[Verdict]) -> str:
         "| mutation | breaks | caught by | mutated line on its baseline | expects | result | time |",
         "|---|---|---|---|---|---|---|",
     ]
-    by_name = {m.name: m for m in MUTATIONS}
+    by_name = {m.name: m for m in ALL_ROWS}
     for v in verdicts:
         mutation = by_name[v.mutation]
         why = excerpt(v.detail, mutation.expects)
@@ -214,24 +215,33 @@ class Options:
     jobs: int = 1  # baselines and mutations side by side
     baselines_only: bool = False  # the probed baselines alone: where each check runs its rows' lines
     record: Path | None = None  # where to keep the rows' paths (docs/results/mutation-paths.json)
+    real_widths: bool = False  # the rows at a published width instead of the table's (`rows_widths`)
+    widths_checkpoints: Path = Path("build/widths/checkpoints")
 
 
-def selected_rows(only: list[str]) -> list[Mutation]:
-    unknown = sorted(set(only) - {m.name for m in MUTATIONS})
+def selected_rows(only: list[str], real_widths: bool = False) -> list[Mutation]:
+    """The rows named (any row), else the table's, or with `real_widths` those at a published width."""
+    unknown = sorted(set(only) - {m.name for m in ALL_ROWS})
     if unknown:
-        raise MutationError(f"unknown mutations {unknown}; accepted: {[m.name for m in MUTATIONS]}")
-    return [m for m in MUTATIONS if not only or m.name in only]
+        raise MutationError(f"unknown mutations {unknown}; accepted: {[m.name for m in ALL_ROWS]}")
+    if only:
+        return [m for m in ALL_ROWS if m.name in only]
+    return list(REAL_WIDTH_MUTATIONS if real_widths else MUTATIONS)
 
 
 def mutants(options: Options) -> int:
     """Run the selected rows' baselines, then (unless `baselines_only`) their mutations; write the table, every
     failure in full and the rows' paths; 1 where anything is not as it must be."""
     started = time.monotonic()
-    selected = selected_rows(options.only)
+    selected = selected_rows(options.only, options.real_widths)
     baselines = baselines_of(selected)
     out = options.out
     trees, checkpoints = prepare_matrix(out, options.patches, options.cache, options.timeout)
-    setup = Setup(trees, checkpoints, build_fault_checkpoints(checkpoints), options.tests.resolve(), options.timeout)
+    variants, widths = build_fault_checkpoints(checkpoints), options.widths_checkpoints.resolve()
+    setup = Setup(trees, checkpoints, variants, options.tests.resolve(), options.timeout, widths_checkpoints=widths)
+    for check in {b.check.real_width for b in baselines} - {None}:
+        assert check is not None
+        prepare_real_width(check, trees[Tree.STOCK], widths)
     mutations = [] if options.baselines_only else selected
     jobs: list[Callable[[], BaselineRun | Verdict]] = [
         *(_bound(run_baseline, b, i, setup, out) for i, b in enumerate(baselines)),
@@ -248,7 +258,7 @@ def mutants(options: Options) -> int:
         if of_check[m.check.label].verdict.outcome is Outcome.PASSES
     }
     for path in filter(None, (out / "mutation-paths.json", options.record)):
-        write_record(path, entries, [m.name for m in MUTATIONS])
+        write_record(path, entries, [m.name for m in ALL_ROWS])
     off_path = [m.name for m in selected if m.name not in entries or not entries[m.name]["ran"]]
     if off_path:
         print(f"rows whose check's baseline did not run their lines (or failed): {off_path}")
@@ -271,7 +281,7 @@ def _line(result: BaselineRun | Verdict) -> str:
         why = "" if v.outcome.ok else f": {excerpt(v.detail, None)}"
         path = f"; never ran the lines of {off}" if off and v.outcome.ok else ""
         return f"{'ok ' if v.outcome.ok and not off else '!! '}baseline | {v.check}: {v.outcome}{why}{path}"
-    expects = next(m.expects for m in MUTATIONS if m.name == result.mutation)
+    expects = next(m.expects for m in ALL_ROWS if m.name == result.mutation)
     where = f"{'ok ' if result.outcome.ok else '!! '}{result.mutation} -> {result.check}"
     return f"{where}: {result.outcome}: {excerpt(result.detail, expects)} ({result.seconds:.1f}s)"
 

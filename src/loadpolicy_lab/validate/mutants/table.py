@@ -1,4 +1,5 @@
-"""The mutation table `loadpolicy dev mutants` runs: every row, by subject (one module each)."""
+"""The mutation table `loadpolicy dev mutants` runs: every row, by subject (one module each); the rows at a published
+width apart (`--real-widths`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from loadpolicy_lab.validate.mutants.rows_loading import LOADING_ROWS
 from loadpolicy_lab.validate.mutants.rows_reads import READS_ROWS
 from loadpolicy_lab.validate.mutants.rows_saving import SAVING_ROWS
 from loadpolicy_lab.validate.mutants.rows_training import TRAINING_ROWS
+from loadpolicy_lab.validate.mutants.rows_widths import REAL_WIDTH_ROWS
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -19,3 +21,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     *AGREEMENT_ROWS,
     *DEVICE_ROWS,
 )
+# minutes each and a checkpoint of several GiB: run by name or with `--real-widths`, recorded like the rest
+REAL_WIDTH_MUTATIONS: tuple[Mutation, ...] = REAL_WIDTH_ROWS
+ALL_ROWS: tuple[Mutation, ...] = (*MUTATIONS, *REAL_WIDTH_MUTATIONS)

@@ -30,7 +30,7 @@ from loadpolicy_lab.validate.mutants.checks import (
 from loadpolicy_lab.validate.mutants.paths import read_record, record_problems
 from loadpolicy_lab.validate.mutants.row import Mutation
 from loadpolicy_lab.validate.mutants.run import selected_rows
-from loadpolicy_lab.validate.mutants.table import MUTATIONS
+from loadpolicy_lab.validate.mutants.table import ALL_ROWS
 
 
 # the unit tests a row's expected reason names (`FAILED \S*::test_name`, or several)
@@ -43,11 +43,11 @@ class TableCheckError(CommandError):
 
 def check_table(checkout: Path, tests: Path, record: Path, only: list[str]) -> list[str]:
     """Every problem of the selected rows (all when `only` is empty): text, selection, record."""
-    rows = selected_rows(only)
+    rows = selected_rows(only) if only else list(ALL_ROWS)  # every row, those at a published width too
     roots = package_roots(checkout)
     problems = text_problems(rows, roots)
     problems += selection_problems(rows, tree_tests(checkout), tests)
-    problems += record_problems(rows, read_record(record), known=[m.name for m in MUTATIONS])
+    problems += record_problems(rows, read_record(record), known=[m.name for m in ALL_ROWS])
     return problems
 
 
@@ -97,6 +97,8 @@ def _selects_nothing(mutation: Mutation, in_tree_tests: set[str], unit_tests: Pa
         return [f"no bad-input case is named {check.fault!r}"]
     if check.run is not None and check.run not in full_matrix(sweep=True):
         return [f"{check.run.label} is no run of the load matrix"]
+    if check.real_width is not None:
+        return check.real_width.problems()
     if check.parity is not None and check.parity.arch not in ARCHITECTURES:
         return [f"no tiny architecture {check.parity.arch!r} for {check.parity.label}"]
     if check.unit_tests:
