@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from loadpolicy_lab.bench.contract import LoadMeasurement
-from loadpolicy_lab.bench.models import SMOKE
 from loadpolicy_lab.bench.run import CASES, _row
+from loadpolicy_lab.models.bench import SMOKE
 
 
 GIB = 1024**3

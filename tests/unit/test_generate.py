@@ -7,9 +7,10 @@ from typing import Any, ClassVar
 from loadpolicy_lab.harness.launch import Launcher, Tree
 from loadpolicy_lab.harness.rank import raised_at
 from loadpolicy_lab.matrix.cases import Run, Scenario
-from loadpolicy_lab.matrix.run import ArchOutcome, RunOutcome
-from loadpolicy_lab.tinymodels.generate import _declares_ep_plan
-from loadpolicy_lab.tinymodels.shrink import shrink
+from loadpolicy_lab.matrix.judge import ArchOutcome
+from loadpolicy_lab.matrix.run import RunOutcome
+from loadpolicy_lab.models.generate import _declares_ep_plan
+from loadpolicy_lab.models.shrink import shrink
 from loadpolicy_lab.validate.architectures import COLUMNS, table_rows
 
 

@@ -30,7 +30,7 @@ LAYERS = {
     "doctor": 1,
     "upstream": 1,
     "harness": 2,
-    "tinymodels": 3,
+    "models": 3,
     "training": 3,  # the steps, spec and comparisons the suites that train share
     "matrix": 4,
     "parity": 4,
@@ -40,7 +40,7 @@ LAYERS = {
     "throughput": 6,  # builds the bench's models
     "save": 5,  # saves the bench's models and the real-width shapes
     "widths": 5,  # loads through the bench's worker and cases
-    "gpu": 6,  # reads a published width built by widths.shapes
+    "gpu": 6,
     "plan": 1,  # a pure model of a launch
     "validate": 7,
     "cli": 8,

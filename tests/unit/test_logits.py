@@ -59,7 +59,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Mixtral whose experts matter to its logits: at transformers' std 0.02 and width 16 they barely do, and
     bf16's own error hides them; at the published widths they dominate (`dev widths`)."""
     transformers = pytest.importorskip("transformers")
-    from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+    from loadpolicy_lab.models.architectures import ARCHITECTURES
 
     config = ARCHITECTURES["mixtral"].transformers_config()
     config.initializer_range = 0.3
@@ -114,7 +114,7 @@ def test_the_reference_records_the_judge_s_reach_and_refuses_a_model_whose_exper
     reference = reference_logits(tiny_moe, "MixtralForCausalLM")
     verdict = judge(reference["one_process"].float(), reference)
     assert verdict.half_the_experts > verdict.bound
-    from loadpolicy_lab.tinymodels.checkpoints import build_checkpoint
+    from loadpolicy_lab.models.checkpoints import build_checkpoint
 
     # transformers' own std 0.02 at width 16: the experts' outputs are below bf16's rounding of the logits
     faint = build_checkpoint("mixtral", tmp_path)

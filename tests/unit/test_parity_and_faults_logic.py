@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from loadpolicy_lab.faults.cases import FAULT_CASES, FaultCase
-from loadpolicy_lab.faults.run import _describe, _expectation_problems, _launcher_signal
+from loadpolicy_lab.faults.judge import describe, judge, launcher_signal
 from loadpolicy_lab.harness.launch import Tree
 from loadpolicy_lab.harness.rank import RankFailure, parse, read_raw
 from loadpolicy_lab.matrix.cases import STOCK_DEVICE_MAP_ERROR
 from loadpolicy_lab.parity.cases import ParityCase, Trainer
 from loadpolicy_lab.parity.contract import Reloaded, TrainedRank
-from loadpolicy_lab.parity.judges import checkpoint_problems, compare_export, compare_resumed, compare_training
+from loadpolicy_lab.parity.judge import checkpoint_problems, compare_export, compare_resumed, compare_training
 from loadpolicy_lab.parity.run import _outcome, _stock_outcome
 from loadpolicy_lab.training.contract import SingleRun
 
@@ -129,58 +129,56 @@ Failures:
 """
 
 
-def test_the_killed_rank_and_the_stopped_ones_are_read_from_torchrun(tmp_path: Path) -> None:
-    (tmp_path / "launcher.log").write_text(TORCHRUN_SUMMARY, encoding="utf-8")
-    assert _launcher_signal(1, tmp_path) == "SIGKILL"
-    assert _launcher_signal(0, tmp_path) == "SIGTERM"
-    assert _describe(None, 1, tmp_path).startswith("killed (SIGKILL)")
+def test_the_killed_rank_and_the_stopped_ones_are_read_from_torchrun() -> None:
+    assert launcher_signal(1, TORCHRUN_SUMMARY) == "SIGKILL"
+    assert launcher_signal(0, TORCHRUN_SUMMARY) == "SIGTERM"
+    assert describe(None, 1, TORCHRUN_SUMMARY).startswith("killed (SIGKILL)")
     killed = next(case for case in FAULT_CASES if case.killed)
     named = {
         "error": "RuntimeError: Ranks [1] did not finish loading in `from_pretrained` within 8s of this rank",
         "warnings": [],
         "seconds": 16.0,
     }
-    assert _expectation_problems(killed, 1, [named, None], tmp_path) == []
+    assert judge(killed, 1, [named, None], TORCHRUN_SUMMARY) == []
     survivor = {"error": None, "warnings": [], "seconds": 1.0}
-    assert "a rank finished loading although another was killed" in _expectation_problems(
-        killed, 1, [survivor, None], tmp_path
+    assert "a rank finished loading although another was killed" in judge(
+        killed, 1, [survivor, None], TORCHRUN_SUMMARY
     )
     # a survivor stopped without a result (torchrun's SIGTERM) has learnt nothing
-    assert _expectation_problems(killed, 1, [None, None], tmp_path) == ["rank 0: no result"]
+    assert judge(killed, 1, [None, None], TORCHRUN_SUMMARY) == ["rank 0: no result"]
 
 
-def test_a_rank_that_ends_with_its_backends_error_fails_the_case(tmp_path: Path) -> None:
-    (tmp_path / "launcher.log").write_text(TORCHRUN_SUMMARY, encoding="utf-8")
+def test_a_rank_that_ends_with_its_backends_error_fails_the_case() -> None:
     killed = next(case for case in FAULT_CASES if case.killed)
     closed = {
         "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:51329",
         "warnings": [],
         "seconds": 1.0,
     }
-    problems = _expectation_problems(killed, 1, [closed, None], tmp_path)
+    problems = judge(killed, 1, [closed, None], TORCHRUN_SUMMARY)
     assert problems[0].startswith("rank 0 ended with its backend's error, not the failing rank's: RuntimeError")
     one_view = next(case for case in FAULT_CASES if case.bad_rank == "1" and not case.killed)
     own = {"error": "OSError: model.safetensors is truncated: its header describes 10 bytes", "seconds": 1.0}
-    assert _expectation_problems(one_view, 1, [closed, own], tmp_path)[0].startswith("rank 0 ended with its backend")
+    assert judge(one_view, 1, [closed, own], TORCHRUN_SUMMARY)[0].startswith("rank 0 ended with its backend")
 
 
-def test_every_rank_must_raise_and_the_bad_rank_its_own_error(tmp_path: Path) -> None:
+def test_every_rank_must_raise_and_the_bad_rank_its_own_error() -> None:
     case = FaultCase("one rank", bad_rank="1", error="failed on rank(s) [{bad}]", bad_rank_error="SafetensorError")
     good = [
         {"error": "RuntimeError: `from_pretrained` failed on rank(s) [1]: rank 1: SafetensorError", "seconds": 1.0},
         {"error": "SafetensorError: incomplete metadata", "seconds": 1.0},
     ]
-    assert _expectation_problems(case, 1, good, tmp_path) == []
+    assert judge(case, 1, good, "") == []
     silent = [{"error": None, "warnings": [], "seconds": 1.0}, good[1]]
-    assert _expectation_problems(case, 1, silent, tmp_path)[0].startswith("rank 0: expected an error")
+    assert judge(case, 1, silent, "")[0].startswith("rank 0: expected an error")
 
 
-def test_a_warning_case_needs_the_warning_on_every_rank(tmp_path: Path) -> None:
+def test_a_warning_case_needs_the_warning_on_every_rank() -> None:
     case = FaultCase("warns", warning="resolves to ep_size=1")
     warned = {"error": None, "warnings": ["... resolves to ep_size=1 ..."], "seconds": 1.0}
-    assert _expectation_problems(case, None, [warned, warned], tmp_path) == []
+    assert judge(case, None, [warned, warned], "") == []
     quiet = {"error": None, "warnings": [], "seconds": 1.0}
-    assert _expectation_problems(case, None, [warned, quiet], tmp_path)[0].startswith("rank 1: expected the warning")
+    assert judge(case, None, [warned, quiet], "")[0].startswith("rank 1: expected the warning")
 
 
 def reloaded_export() -> dict[str, Any]:
@@ -318,7 +316,7 @@ def test_parity_fails_expert_shards_outside_their_efsdp_group(groups: list[list[
 
 
 def test_the_efsdp_group_is_strided_over_ep_groups() -> None:
-    from loadpolicy_lab.parity.judges import expert_group_problems
+    from loadpolicy_lab.parity.judge import expert_group_problems
 
     # world 4 = 2 EP groups of 2 consecutive ranks: rank 1 shares its experts with rank 3
     assert expert_group_problems(1, [[1, 3]], ep=2, world=4) == []
@@ -459,7 +457,7 @@ def test_zero_to_fp32_must_give_the_trained_tensors_or_refuse_by_name(
 
 
 def test_an_expert_adapter_is_compared_as_the_blocks_of_the_rank_s_experts() -> None:
-    from loadpolicy_lab.parity.judges import expert_slice
+    from loadpolicy_lab.parity.judge import expert_slice
 
     experts, rank, out = 4, 2, 3
     # PEFT's layout for an adapter of stacked experts: lora_A rows expert-major, lora_B columns rank-major

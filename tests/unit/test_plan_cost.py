@@ -220,8 +220,8 @@ def test_calibration_scores_the_model_s_own_part_not_the_baseline() -> None:
 
 def test_a_third_of_the_full_bench_is_held_out() -> None:
     from loadpolicy_lab.bench.calibrate import HELD_OUT
-    from loadpolicy_lab.bench.models import FULL
     from loadpolicy_lab.bench.run import CASES, _applies
+    from loadpolicy_lab.models.bench import FULL
 
     cases = {(m.name, c.label, n) for m in FULL for c in CASES if _applies(c, m) for n in (2, 4)}
     assert cases >= HELD_OUT

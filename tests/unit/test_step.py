@@ -150,7 +150,7 @@ def test_positions_are_every_element_of_a_small_parameter_and_a_fixed_draw_of_a_
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_reference_steps_a_tiny_moe_in_float32_and_bf16(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+    from loadpolicy_lab.models.architectures import ARCHITECTURES
 
     config = ARCHITECTURES["mixtral"].transformers_config()
     config.initializer_range = 0.3  # experts that matter beside bf16's rounding (test_logits.py)

@@ -10,7 +10,8 @@ import pytest
 
 from loadpolicy_lab.harness.launch import Launcher, Tree, accelerate_config
 from loadpolicy_lab.matrix.cases import SCENARIOS, STOCK_DEVICE_MAP_ERROR, Run, Scenario, fast_matrix, full_matrix
-from loadpolicy_lab.matrix.run import RunOutcome, _judge
+from loadpolicy_lab.matrix.judge import judge
+from loadpolicy_lab.matrix.run import RunOutcome
 from loadpolicy_lab.validate.report import is_unexpected, render_table, rows
 
 
@@ -73,7 +74,7 @@ def ranks_with(change: dict[str, Any] | None = None, rank: int = 1) -> list[dict
 
 
 def test_judge_passes_a_correct_ep_load() -> None:
-    outcome = _judge(EP_RUN, "qwen3_moe", ranks_with())
+    outcome = judge(EP_RUN, "qwen3_moe", ranks_with())
     assert outcome.passed, outcome.detail
 
 
@@ -99,7 +100,7 @@ def test_judge_passes_a_correct_ep_load() -> None:
     ],
 )
 def test_judge_fails_and_says_which_rank_and_why(change: dict[str, Any], needle: str) -> None:
-    outcome = _judge(EP_RUN, "qwen3_moe", ranks_with(change))
+    outcome = judge(EP_RUN, "qwen3_moe", ranks_with(change))
     assert not outcome.passed
     assert needle in outcome.detail
 
@@ -110,7 +111,7 @@ def test_a_missing_figure_fails(field: str) -> None:
     target = results[1]
     assert target is not None
     del target["results"]["qwen3_moe"][field]
-    outcome = _judge(EP_RUN, "qwen3_moe", results)
+    outcome = judge(EP_RUN, "qwen3_moe", results)
     assert not outcome.passed
     assert "rank 1" in outcome.detail
 
@@ -120,12 +121,12 @@ def test_zero3_gathered_values_must_have_been_compared() -> None:
     result = good_ep_result(0) | {"policy": "Zero3Init", "partitioned": 10, "gathered_unequal": []}
     result["loading_branch"] = "zero3_read_partitions"
     del result["experts"], result["dense_unequal"]
-    assert _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)]).passed
+    assert judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)]).passed
     unequal = result | {"gathered_unequal": ["model.layers.0.mlp.experts.gate_up_proj"]}
-    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(unequal)}} for _ in range(2)])
+    outcome = judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(unequal)}} for _ in range(2)])
     assert "gathered values differ" in outcome.detail
     del result["gathered_unequal"]
-    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
+    outcome = judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
     assert not outcome.passed
     assert "no 'gathered_unequal'" in outcome.detail
 
@@ -136,7 +137,7 @@ def test_patched_dense_zero3_must_have_read_partitions(branch: str | None) -> No
     result = good_ep_result(0) | {"policy": "Zero3Init", "partitioned": 10, "gathered_unequal": []}
     result["loading_branch"] = branch
     del result["experts"], result["dense_unequal"]
-    outcome = _judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
+    outcome = judge(run, "qwen3_moe", [{"results": {"qwen3_moe": dict(result)}} for _ in range(2)])
     assert not outcome.passed
     assert f"loading branch {branch}, expected zero3_read_partitions" in outcome.detail
 
@@ -144,7 +145,7 @@ def test_patched_dense_zero3_must_have_read_partitions(branch: str | None) -> No
 def test_a_rank_without_result_fails() -> None:
     results = ranks_with()
     results[1] = None
-    outcome = _judge(EP_RUN, "qwen3_moe", results)
+    outcome = judge(EP_RUN, "qwen3_moe", results)
     assert not outcome.passed
     assert "rank 1: no result" in outcome.detail
 
@@ -154,22 +155,22 @@ def test_refusal_must_reach_every_rank() -> None:
     refusal = SCENARIOS[Scenario.REFUSED_ZERO3_FSDP].refusal
     assert refusal is not None
     both = [{"results": {"qwen3_moe": {"error": f"ValueError: x {refusal}2"}}} for _ in range(2)]
-    assert _judge(run, "qwen3_moe", list(both)).passed
+    assert judge(run, "qwen3_moe", list(both)).passed
     one = [both[0], {"results": {"qwen3_moe": {"error": "RuntimeError: something else"}}}]
-    outcome = _judge(run, "qwen3_moe", list(one))
+    outcome = judge(run, "qwen3_moe", list(one))
     assert not outcome.passed
     assert "ranks [1]" in outcome.detail
 
 
 def test_stock_expected_failure_and_unexpected_pass() -> None:
     stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
-    failing = _judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)])
+    failing = judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)])
     assert RunOutcome(stock, 1.0, (failing,)).met_expectation
     # A stock load that passes every check where stock must fail is reported (the matrix would be wrong).
     clean: list[dict[str, Any] | None] = [
         {"results": {"qwen3_moe": good_ep_result(r) | {"policy": None}}} for r in range(2)
     ]
-    passing = _judge(stock, "qwen3_moe", clean)
+    passing = judge(stock, "qwen3_moe", clean)
     assert not passing.failed_as_expected
     assert "did not fail with" in passing.detail
     assert is_unexpected(RunOutcome(stock, 1.0, (passing,)))
@@ -182,27 +183,27 @@ def test_stock_expected_failure_and_unexpected_pass() -> None:
 def test_stock_failure_must_be_the_known_bug_on_every_rank(other_failure: dict[str, Any]) -> None:
     stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
     results = [ranks_with(BUG, 0)[0], ranks_with(other_failure, 1)[1]]
-    outcome = RunOutcome(stock, 1.0, (_judge(stock, "qwen3_moe", results),))
+    outcome = RunOutcome(stock, 1.0, (judge(stock, "qwen3_moe", results),))
     assert not outcome.met_expectation
     assert is_unexpected(outcome)
     assert "ranks [1] did not fail with" in outcome.archs[0].detail
     # the right failures, but the launch timed out: not the bug either
     both = [ranks_with(BUG, r)[r] for r in range(2)]
-    timed_out = RunOutcome(stock, 1.0, (_judge(stock, "qwen3_moe", both),), launch_error="timed out after 180s")
+    timed_out = RunOutcome(stock, 1.0, (judge(stock, "qwen3_moe", both),), launch_error="timed out after 180s")
     assert not timed_out.met_expectation
 
 
 def test_stock_failing_where_it_must_pass_fails_the_command() -> None:
     stock = Run(Scenario.PLAIN_EP, Tree.STOCK, Launcher.TORCHRUN, 2)
-    failing = _judge(stock, "qwen3_moe", ranks_with({"error": "RuntimeError: broken"}))
+    failing = judge(stock, "qwen3_moe", ranks_with({"error": "RuntimeError: broken"}))
     assert is_unexpected(RunOutcome(stock, 1.0, (failing,)))
 
 
 def test_table_puts_stock_and_patched_side_by_side() -> None:
     stock = Run(Scenario.EP_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
     outcomes = [
-        RunOutcome(stock, 2.0, (_judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)]),)),
-        RunOutcome(EP_RUN, 3.0, (_judge(EP_RUN, "qwen3_moe", ranks_with()),)),
+        RunOutcome(stock, 2.0, (judge(stock, "qwen3_moe", [ranks_with(BUG, r)[r] for r in range(2)]),)),
+        RunOutcome(EP_RUN, 3.0, (judge(EP_RUN, "qwen3_moe", ranks_with()),)),
     ]
     (row,) = rows(outcomes)
     assert row["stock"] == "FAIL"
@@ -220,8 +221,8 @@ def test_accelerate_config_is_deepspeed_zero3(tmp_path: Path) -> None:
 def test_quantized_zero3_must_have_quantized_parameters() -> None:
     run = Run(Scenario.QUANTIZED_ZERO3, Tree.STOCK, Launcher.TORCHRUN, 2)
     result = good_ep_result(0) | {"policy": None, "experts": {}, "quantized_8bit": 0}
-    outcome = _judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
+    outcome = judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
     assert "no parameter was quantized to 8 bits" in outcome.detail
     result["quantized_8bit"] = 7
-    outcome = _judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
+    outcome = judge(run, "llama", [{"results": {"llama": dict(result)}} for _ in range(2)])
     assert outcome.passed, outcome.detail

@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 
 from loadpolicy_lab.bench.contract import LoadMeasurement
+from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, with_layers
 from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement
 from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
@@ -29,7 +30,6 @@ from loadpolicy_lab.widths.rows import (
     load_row,
     reader_row,
 )
-from loadpolicy_lab.widths.shapes import SHAPES, SHAPES_BY_NAME, with_layers
 
 
 def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> None:

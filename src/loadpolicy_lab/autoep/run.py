@@ -23,8 +23,8 @@ from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launc
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
-from loadpolicy_lab.tinymodels.checkpoints import build_checkpoint
+from loadpolicy_lab.models.architectures import ARCHITECTURES
+from loadpolicy_lab.models.checkpoints import build_checkpoint
 from loadpolicy_lab.training.autoep import expert_parallel_section
 from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 

@@ -19,7 +19,7 @@ from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
 from loadpolicy.units import GIB
 from loadpolicy_lab.bench.cases import CASES
-from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel
+from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel
 
 
 TOLERANCE = 0.20  # the bound the cost model is held to: predictions within 20% of measurements

@@ -22,10 +22,10 @@ from loadpolicy.units import GIB
 from loadpolicy_lab.bench.cases import CASES, Case
 from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement
 from loadpolicy_lab.bench.logits import REFERENCE_NAME
-from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel, build, parameter_count
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments, launch, read_results, run_bounded, tree_env
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel, build, parameter_count
 
 
 # glibc's default threshold rises after large frees, and the buffers freed by merging per-expert keys then stay in the

@@ -8,7 +8,6 @@ of `from_pretrained` to it; the launcher is bounded, and after it exits no proce
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,9 @@ from typing import Any
 from loadpolicy.shape import LaunchShape
 from loadpolicy_lab.faults.cases import FaultCase
 from loadpolicy_lab.faults.contract import FaultSpec
+from loadpolicy_lab.faults.judge import describe, judge
 from loadpolicy_lab.harness.launch import launch
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+from loadpolicy_lab.models.architectures import ARCHITECTURES
 
 
 MAX_SECONDS_TO_ERROR = 30.0
@@ -114,12 +114,15 @@ def run_fault(case: FaultCase, ranks: int, tree: Path, variants: dict[str, Path]
         env=dict(case.env),
     )
     results = [_read(out / f"rank{rank}.json") for rank in range(ranks)]
-    per_rank = tuple(_describe(result, rank, out) for rank, result in enumerate(results))
+    log = (
+        (out / "launcher.log").read_text(encoding="utf-8", errors="replace") if (out / "launcher.log").exists() else ""
+    )
+    per_rank = tuple(describe(result, rank, log) for rank, result in enumerate(results))
     # The ranks that must raise the error (the others of an `others_end` case end only once rank 0 has exited)
     seconds = [r["seconds"] for rank, r in enumerate(results) if r is not None and not (case.others_end and rank)]
     problems = [launched.timeout_message()] if launched.timed_out else []
     problems += ["processes of the launch were still running after it exited"] if launched.left_running else []
-    problems += _expectation_problems(case, bad, results, out)
+    problems += judge(case, bad, results, log)
     if case.error is not None and seconds and not (max(seconds) <= MAX_SECONDS_TO_ERROR):
         problems.append(f"slowest rank took {max(seconds):.1f}s > {MAX_SECONDS_TO_ERROR:.0f}s")
     detail = "; ".join(problems) or "as expected"
@@ -140,83 +143,3 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return result
-
-
-def _launcher_signal(rank: int, out: Path) -> str | None:
-    """The signal that ended `rank`, from torchrun's failure summary (e.g. SIGKILL, SIGTERM), if it names one."""
-    log = (out / "launcher.log").read_text(encoding="utf-8", errors="replace")
-    found = re.search(rf"rank\s*:\s*{rank} \(local_rank.*?\n\s*exitcode\s*:\s*-\d+ \(pid: \d+\)\s*\((SIG\w+)\)", log)
-    return found.group(1) if found else None
-
-
-def _describe(result: dict[str, Any] | None, rank: int, out: Path) -> str:
-    if result is None:
-        match _launcher_signal(rank, out):
-            case "SIGKILL":
-                return "killed (SIGKILL) while loading; torchrun reports it"
-            case "SIGTERM":
-                return "stopped by torchrun (SIGTERM) once another rank died"
-            case other:
-                return f"no result; torchrun reports {other}"
-    if result["error"]:
-        return str(result["error"])[:240]
-    return "warned: " + "; ".join(result["warnings"])[:240] if result["warnings"] else "loaded, no warning"
-
-
-def _expectation_problems(
-    case: FaultCase, bad: int | None, results: list[dict[str, Any] | None], out: Path
-) -> list[str]:
-    problems = [
-        f"rank {rank} ended with its backend's error, not the failing rank's: {str(result['error'])[:160]}"
-        for rank, result in enumerate(results)
-        if result is not None and _backend_error(str(result["error"])) and not (case.others_end and rank)
-    ]
-    if case.killed:
-        problems += _killed_problems(bad, results, out)
-    for rank, result in enumerate(results):
-        if case.killed and rank == bad:
-            continue
-        if rank != 0 and case.others_end:
-            problems += _ended_problems(rank, result, out)
-            continue
-        if result is None:
-            problems.append(f"rank {rank}: no result")
-            continue
-        expected = case.bad_rank_error if rank == bad and case.bad_rank_error else case.error
-        if expected is None:
-            if result["error"] or not result["warnings"]:
-                problems.append(
-                    f"rank {rank}: expected the warning {case.warning!r}, got {_describe(result, rank, out)}"
-                )
-        elif expected.format(bad=bad) not in str(result["error"]):
-            problems.append(f"rank {rank}: expected an error with {expected.format(bad=bad)!r}, got {result['error']}")
-    return problems
-
-
-def _killed_problems(bad: int | None, results: list[dict[str, Any] | None], out: Path) -> list[str]:
-    problems = []
-    if _launcher_signal(bad or 0, out) != "SIGKILL":
-        problems.append(f"torchrun did not report rank {bad} as killed")
-    if any(rank != bad and r is not None and not r["error"] for rank, r in enumerate(results)):
-        problems.append("a rank finished loading although another was killed")
-    return problems
-
-
-# What a collective reports when a peer has gone: gloo at once, NCCL only at its timeout. A rank that ends with one of
-# these learnt nothing of why
-BACKEND_ERRORS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|NCCL (error|communicator)|Watchdog caught"
-)
-
-
-def _backend_error(error: str) -> bool:
-    return bool(BACKEND_ERRORS.search(error))
-
-
-def _ended_problems(rank: int, result: dict[str, Any] | None, out: Path) -> list[str]:
-    """A rank with no error of its own must still end: by an error in its next collective, or stopped by torchrun."""
-    if result is None and _launcher_signal(rank, out) != "SIGTERM":
-        return [f"rank {rank}: no result, and torchrun did not stop it"]
-    if result is not None and not result["error"]:
-        return [f"rank {rank}: finished without an error although the others failed"]
-    return []

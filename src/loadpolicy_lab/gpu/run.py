@@ -92,7 +92,7 @@ def gpu_check(args: argparse.Namespace, cases: list[Case]) -> list[Row]:
     for case in cases:
         read_checkpoint = checkpoint
         if case.kind is Kind.READ and args.read_shape:
-            from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME, build  # noqa: PLC0415  # torch, for this case only
+            from loadpolicy_lab.models.published import SHAPES_BY_NAME, build  # noqa: PLC0415  # torch, for this case only
 
             read_checkpoint = build(SHAPES_BY_NAME[args.read_shape], out / "widths", max_gib=args.max_gib)
         spec: GpuSpec = {

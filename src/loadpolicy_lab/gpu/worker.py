@@ -70,8 +70,8 @@ def _reference(this: Rank, spec: GpuSpec) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
-    from loadpolicy_lab.tinymodels.checkpoints import build_checkpoint  # noqa: PLC0415
+    from loadpolicy_lab.models.architectures import ARCHITECTURES  # noqa: PLC0415
+    from loadpolicy_lab.models.checkpoints import build_checkpoint  # noqa: PLC0415
 
     _exact_matmuls()
     device = rank_device()
@@ -161,7 +161,7 @@ def _load(case: Case, checkpoint: Path, world: int, device: RankDevice) -> tuple
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
-    from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES  # noqa: PLC0415
+    from loadpolicy_lab.models.architectures import ARCHITECTURES  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if case.ep:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from loadpolicy.policy import PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
 from loadpolicy_lab.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+from loadpolicy_lab.models.architectures import ARCHITECTURES
 
 
 class Scenario(enum.StrEnum):

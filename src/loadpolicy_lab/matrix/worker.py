@@ -16,7 +16,7 @@ from typing import Any
 from loadpolicy_lab.harness.device import RankDevice, accelerator_kwargs_handlers, host, rank_device, to_device
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.matrix.contract import ExpertSlice, LoadCheck, MatrixCase, MatrixSpec
-from loadpolicy_lab.tinymodels.reference import input_ids, load_reference, model_output
+from loadpolicy_lab.models.reference import input_ids, load_reference, model_output
 
 
 def _local(tensor: Any) -> Any:

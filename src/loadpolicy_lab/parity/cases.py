@@ -11,7 +11,11 @@ from dataclasses import dataclass, replace
 
 from loadpolicy.shape import LaunchShape
 from loadpolicy_lab.harness.launch import Launcher, Tree
-from loadpolicy_lab.parity.judges import RESUME_AFTER
+
+
+RESUME_AFTER = 2  # steps
+# Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
+FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
 
 
 class Trainer(enum.StrEnum):

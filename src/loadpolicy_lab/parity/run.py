@@ -18,17 +18,16 @@ from typing import Any
 
 from loadpolicy_lab.harness.launch import STOCK_DEVICE_MAP_ERROR, Launcher, Tree, launch
 from loadpolicy_lab.harness.rank import RankFailure, parse, read_raw, transformers_file
-from loadpolicy_lab.parity.cases import ParityCase, Trainer
+from loadpolicy_lab.models.architectures import ARCHITECTURES
+from loadpolicy_lab.parity.cases import FROZEN, RESUME_AFTER, ParityCase, Trainer
 from loadpolicy_lab.parity.contract import UNIVERSAL_TAG, ParitySpec, Reloaded, TrainedRank
-from loadpolicy_lab.parity.judges import (
-    FROZEN,
-    RESUME_AFTER,
+from loadpolicy_lab.parity.judge import (
     checkpoint_problems,
     compare_export,
     compare_resumed,
     compare_training,
+    judge,
 )
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
 from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, relative_diff
 from loadpolicy_lab.training.contract import SingleRun
 
@@ -85,7 +84,7 @@ def run_parity(
     if case.resumed_ranks:
         problems, loss_rel, weight_rel = _resumed_problems(case, spec, trees[case.tree], out, single, results, timeout)
     else:
-        problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
+        problems, loss_rel, weight_rel = judge(case, single, results)
     if not problems:
         problems += _after_training_problems(case, spec, trees, out, single, results, timeout)
     detail = "; ".join(problems) or _passed_detail(case, results, loss_rel, weight_rel)
@@ -194,7 +193,7 @@ def _after_training_problems(
     timeout: float,
 ) -> list[str]:
     """What the user does after training: reload a DeepSpeed checkpoint, resume the Trainer, save for the Hub."""
-    problems = checkpoint_problems(results) if case.checkpoint else []
+    problems = checkpoint_problems(results) if case.checkpoint and case.resumed_ranks else []
     if case.resume and not problems:
         problems += _resume_problems(case, spec, trees[case.tree], out, results, timeout)
     if case.export and not problems:

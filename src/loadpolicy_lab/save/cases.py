@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from loadpolicy.shape import LaunchShape
-from loadpolicy_lab.bench.models import BenchModel
+from loadpolicy_lab.models.bench import BenchModel
 
 
 class Way(enum.StrEnum):

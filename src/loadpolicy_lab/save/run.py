@@ -19,13 +19,13 @@ from pathlib import Path
 
 from loadpolicy.errors import positive_int
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel, build
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel, build
+from loadpolicy_lab.models.published import SHAPES_BY_NAME
+from loadpolicy_lab.models.published import build as build_width
 from loadpolicy_lab.save.cases import Way, shape
 from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
-from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
-from loadpolicy_lab.widths.shapes import build as build_width
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,10 @@ from typing import Literal
 from loadpolicy.errors import positive_int
 from loadpolicy.shape import LaunchShape
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.models import FULL, SMOKE, BenchModel
-from loadpolicy_lab.bench.models import build as build_model
 from loadpolicy_lab.harness.launch import ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel
+from loadpolicy_lab.models.bench import build as build_model
 from loadpolicy_lab.throughput.cases import SAME_DATA, Way
 from loadpolicy_lab.throughput.contract import ThroughputRank, ThroughputSpec
 

@@ -1,6 +1,6 @@
 """`loadpolicy dev validate --architectures all`: every EP-capable model type of the pinned release, generated tiny.
 
-The stock tree generates the checkpoints (`tinymodels/generate.py`) and loads each in one process (the reference);
+The stock tree generates the checkpoints (`models/generate.py`) and loads each in one process (the reference);
 then every generated type runs through the matrix's EP scenarios at 2 and 4 ranks, judged as the matrix judges:
 same policy on every rank, nothing on meta, nothing missing or unexpected, expert shards equal to the checkpoint's
 slice, logits (or the last hidden state) equal to the one-process load. Writes `architectures.md` and `.json`.
@@ -18,7 +18,7 @@ from loadpolicy_lab.harness.launch import Launcher, Tree, run_bounded, tree_env
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.matrix.cases import Run, Scenario
 from loadpolicy_lab.matrix.run import RunOutcome, run_scenario
-from loadpolicy_lab.tinymodels.checkpoints import build_references
+from loadpolicy_lab.models.checkpoints import build_references
 
 
 # (scenario, tree): plain EP on stock is the baseline (what loads without ZeRO-3 today); EP under ZeRO-3 on stock
@@ -35,7 +35,7 @@ RANKS = (2, 4)
 def generate_checkpoints(stock: Path, out: Path, timeout: float, only: list[str]) -> dict[str, Any]:
     """Run the generator in the stock tree; its manifest says, per model type, what was built or why not."""
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-W", "ignore", "-m", "loadpolicy_lab.tinymodels.generate", str(out), *only]
+    command = [sys.executable, "-W", "ignore", "-m", "loadpolicy_lab.models.generate", str(out), *only]
     env = tree_env(stock) | {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     code = run_bounded(command, env, out / "generate.log", timeout)
     manifest_path = out / "manifest.json"

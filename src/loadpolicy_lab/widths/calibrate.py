@@ -12,8 +12,8 @@ from loadpolicy.plan.cost import Launch, predict
 from loadpolicy.plan.inventory import inventory_from_config
 from loadpolicy.units import GIB
 from loadpolicy_lab.bench.calibrate import CalibrationRow, predicted_figures
+from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.widths.cases import LOADS
-from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 def calibrate_widths(rows: list[dict[str, Any]]) -> list[CalibrationRow]:

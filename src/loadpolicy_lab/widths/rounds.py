@@ -24,10 +24,10 @@ from loadpolicy.errors import CommandError, positive_int
 from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy_lab.widths.rows import Row
 from loadpolicy_lab.widths.run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
-from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME
 
 
 # transformers' switch for sequential loading, which the patched partition reads follow

@@ -31,13 +31,13 @@ from loadpolicy_lab.harness.launch import (
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build
 from loadpolicy_lab.widths.calibrate import calibrate_widths
 from loadpolicy_lab.widths.cases import DCP_READERS, LOADS, Reader, has_autoep_preset
 from loadpolicy_lab.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy_lab.widths.ranges import read_spans
 from loadpolicy_lab.widths.report import plot, render_markdown
 from loadpolicy_lab.widths.rows import Row, load_row, reader_row
-from loadpolicy_lab.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build
 
 
 # the size guard: a checkpoint larger than this (GiB) is refused

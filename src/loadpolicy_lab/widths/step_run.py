@@ -23,9 +23,9 @@ from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.bench.run import FIXED_MALLOC, one_process
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build, checkpoint_bytes, with_layers
 from loadpolicy_lab.widths.cases import LOADS
 from loadpolicy_lab.widths.run import MAX_GIB
-from loadpolicy_lab.widths.shapes import SHAPES, SHAPES_BY_NAME, WidthShape, build, checkpoint_bytes, with_layers
 from loadpolicy_lab.widths.step import REFERENCE_NAME, StepVerdict, judge_step
 from loadpolicy_lab.widths.step_worker import StepRank, StepSpec
 

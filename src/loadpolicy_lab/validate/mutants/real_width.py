@@ -13,9 +13,9 @@ from pathlib import Path
 
 from loadpolicy.errors import CommandError
 from loadpolicy_lab.harness.launch import Tree
+from loadpolicy_lab.models.published import SHAPES_BY_NAME, with_layers
 from loadpolicy_lab.widths.rounds import render_rounds, rounds, ways_for
 from loadpolicy_lab.widths.run import MAX_GIB, prepare_checkpoint
-from loadpolicy_lab.widths.shapes import SHAPES_BY_NAME, with_layers
 from loadpolicy_lab.widths.step_run import STEP_CASES, STEP_LAYERS, prepare_step, render_markdown, step_once
 
 

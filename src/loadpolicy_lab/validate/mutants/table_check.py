@@ -17,7 +17,7 @@ from pathlib import Path
 from loadpolicy.errors import CommandError
 from loadpolicy_lab.faults.cases import FAULT_CASES
 from loadpolicy_lab.matrix.cases import full_matrix
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
+from loadpolicy_lab.models.architectures import ARCHITECTURES
 from loadpolicy_lab.validate.mutants.checks import (
     IN_TREE_FOLDERS,
     OUR_PACKAGE,

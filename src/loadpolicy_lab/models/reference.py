@@ -1,7 +1,7 @@
 """The independent reference of the load matrix: each checkpoint loaded in one process by the stock tree.
 
 Every rank of a matrix run compares its distributed load with this file: the gathered (or local) parameters tensor by
-tensor, and the logits. It is written once per checkpoint by `python -m loadpolicy_lab.tinymodels.reference` run on the
+tensor, and the logits. It is written once per checkpoint by `python -m loadpolicy_lab.models.reference` run on the
 stock tree, never by the code under test, so a conversion bug shared by the patched tree's one-process and
 distributed loads still fails.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loadpolicy_lab.tinymodels.shrink import shrink
+from loadpolicy_lab.models.shrink import shrink
 
 
 _ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 4}

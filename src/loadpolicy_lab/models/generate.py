@@ -5,7 +5,7 @@ A model type is EP-capable when its config class, or one of its sub-configs at a
 type a later release adds joins without code; whatever cannot be shrunk into something that builds, runs forward and
 holds expert parameters is recorded with the error, never skipped silently.
 
-Runs inside the stock tree (`python -m loadpolicy_lab.tinymodels.generate OUT [MODEL_TYPE ...]`) and writes
+Runs inside the stock tree (`python -m loadpolicy_lab.models.generate OUT [MODEL_TYPE ...]`) and writes
 `OUT/<model_type>/` (`save_pretrained`, safetensors, the type's own on-disk format) and `OUT/manifest.json`.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy_lab.harness.rank import raised_at
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
-from loadpolicy_lab.tinymodels.shrink import shrink
+from loadpolicy_lab.models.architectures import ARCHITECTURES
+from loadpolicy_lab.models.shrink import shrink
 
 
 # a field the rules miss can leave a tensor of terabytes: the model is sized on meta first, and refused above this
@@ -103,7 +103,7 @@ def _try(cls: Any, model_class: str, defaults: dict[str, Any], layers: int | Non
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    from loadpolicy_lab.tinymodels.reference import input_ids, model_output  # noqa: PLC0415
+    from loadpolicy_lab.models.reference import input_ids, model_output  # noqa: PLC0415
 
     config = cls.from_dict(defaults if layers is None else shrink(defaults, layers=layers))
     with torch.device("meta"):  # sized before anything is allocated: a field the rules miss can ask for terabytes

@@ -8,14 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from loadpolicy_lab.harness.rank import RankFailure
+from loadpolicy_lab.parity.cases import FROZEN, RESUME_AFTER, ParityCase
 from loadpolicy_lab.parity.contract import Reloaded, TrainedRank
 from loadpolicy_lab.training.compare import MAX_RELATIVE_DIFF, handover_problems, relative_diff
 from loadpolicy_lab.training.contract import SingleRun
 
 
-RESUME_AFTER = 2  # steps
-# Frozen in the checkpoint cases: a dense matrix, an attention projection and one layer's experts.
-FROZEN = ("embed_tokens", "layers.0.self_attn.q_proj", "layers.0.mlp.experts.down_proj")
+def judge(case: ParityCase, single: SingleRun, results: list[TrainedRank]) -> tuple[list[str], float, float]:
+    """The ranks of `case` after training against the one process (`single`): every rank's hand-over, losses and
+    final weights, then, where the case saves a DeepSpeed checkpoint, what each rank reloaded from it. The problems,
+    and the losses' and final weights' relative differences."""
+    problems, loss_rel, weight_rel = compare_training(single, results, case.dp)
+    if case.checkpoint and not problems:
+        problems += checkpoint_problems(results)
+    return problems, loss_rel, weight_rel
 
 
 def compare_training(single: SingleRun, results: list[TrainedRank], dp: int = 1) -> tuple[list[str], float, float]:

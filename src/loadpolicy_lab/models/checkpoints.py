@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from loadpolicy_lab.harness.launch import run_bounded, tree_env
-from loadpolicy_lab.tinymodels.architectures import ARCHITECTURES
-from loadpolicy_lab.tinymodels.architectures import model_classes as known_model_classes
-from loadpolicy_lab.tinymodels.reference import load_reference, reference_path
+from loadpolicy_lab.models.architectures import ARCHITECTURES
+from loadpolicy_lab.models.architectures import model_classes as known_model_classes
+from loadpolicy_lab.models.reference import load_reference, reference_path
 
 
 def build_checkpoint(model_type: str, directory: Path, seed: int = 0) -> Path:
@@ -55,7 +55,7 @@ def build_references(
         "checkpoints": str(checkpoints.resolve()),
     }
     (references / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    command = [sys.executable, "-m", "loadpolicy_lab.tinymodels.reference", str(references / "spec.json")]
+    command = [sys.executable, "-m", "loadpolicy_lab.models.reference", str(references / "spec.json")]
     code = run_bounded(command, tree_env(stock), references / "reference.log", timeout)
     if code != 0:
         log = (references / "reference.log").read_text(encoding="utf-8")[-2000:]

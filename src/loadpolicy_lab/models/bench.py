@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from loadpolicy_lab.tinymodels.architectures import Architecture
+from loadpolicy_lab.models.architectures import Architecture
 
 
 _BASE = {

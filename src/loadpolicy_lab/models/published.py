@@ -17,7 +17,7 @@ from typing import Any
 
 from loadpolicy.errors import CommandError
 from loadpolicy.units import GIB
-from loadpolicy_lab.tinymodels.architectures import Architecture
+from loadpolicy_lab.models.architectures import Architecture
 
 
 @dataclass(frozen=True, slots=True)
