@@ -139,3 +139,37 @@ def test_no_module_is_over_400_lines() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
     }
     assert set(long) <= OVER_400_LINES, {name: n for name, n in long.items() if name not in OVER_400_LINES}
+
+
+# A suite: the cases it runs, the contract of what a rank reports, the worker (one rank), the judge and the run
+SUITES = ("matrix", "parity", "faults", "autoep", "bench", "save", "throughput", "widths", "gpu")
+SUITE_FILES = ("cases.py", "contract.py", "worker.py", "judge.py", "run.py")
+# The real-width run is the load benchmark's cases and worker at published widths, until the two are one suite
+SUITE_IMPORTS_ALLOWED = {("widths", "bench")}
+
+
+def test_every_suite_is_built_alike_with_a_public_judge() -> None:
+    missing = [f"{suite}/{name}" for suite in SUITES for name in SUITE_FILES if not (LAB / suite / name).is_file()]
+    assert missing == []
+    without = [
+        suite
+        for suite in SUITES
+        if not any(
+            isinstance(node, ast.FunctionDef) and node.name == "judge"
+            for node in ast.parse((LAB / suite / "judge.py").read_text(encoding="utf-8")).body
+        )
+    ]
+    assert without == []
+
+
+def test_no_suite_imports_another() -> None:
+    crossing = sorted(
+        {
+            (here.split(".")[0], target.split(".")[0])
+            for here, path in _modules(LAB)
+            if here.split(".")[0] in SUITES
+            for target in _imports(path)
+            if target.split(".")[0] in SUITES and target.split(".")[0] != here.split(".")[0]
+        }
+    )
+    assert set(crossing) <= SUITE_IMPORTS_ALLOWED, crossing

@@ -370,7 +370,8 @@ def test_parity_fails_a_nan(change: Any, needle: str) -> None:
 
 
 def test_autoep_comparison_fails_a_nan_weight() -> None:
-    from loadpolicy_lab.autoep.run import Way, compare
+    from loadpolicy_lab.autoep.cases import Way
+    from loadpolicy_lab.autoep.judge import judge as judge_autoep
 
     reference = {"losses": [4.0, 3.5], "initial": single()["weights"], "weights": single()["weights"]}
     ranks = []
@@ -380,10 +381,10 @@ def test_autoep_comparison_fails_a_nan_weight() -> None:
             result
             | {"losses": [4.0, 3.5], "initial": result["weights"], "expert_rows": {EXPERT: [2 * rank, 2 * rank + 2]}}
         )
-    assert compare(reference, ranks, Way.EPMETA).problems == []
+    assert judge_autoep(reference, ranks, Way.EPMETA).problems == []
     ranks[0]["weights"] = {n: w.clone() for n, w in ranks[0]["weights"].items()}
     ranks[0]["weights"]["model.embed_tokens.weight"][0, 0] = float("nan")
-    problems = compare(reference, ranks, Way.EPMETA).problems
+    problems = judge_autoep(reference, ranks, Way.EPMETA).problems
     assert any("final weights differ by nan" in p for p in problems), problems
 
 

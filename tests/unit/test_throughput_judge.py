@@ -9,7 +9,8 @@ import pytest
 
 from loadpolicy_lab.throughput.cases import Way
 from loadpolicy_lab.throughput.contract import ThroughputRank
-from loadpolicy_lab.throughput.run import Row, _row, dispatch_against_autoep, judge, render_markdown
+from loadpolicy_lab.throughput.judge import Row, judge, row_of
+from loadpolicy_lab.throughput.run import dispatch_against_autoep, render_markdown
 
 
 def rank(way: str, r: int, *, policy: str | None, loss: float, step: float, batches: int = 2) -> ThroughputRank:
@@ -43,7 +44,7 @@ def rows(**changes: Any) -> list[Row]:
         results = [rank(way, r, policy=policy, loss=5.0 + 0.01 * r, step=2.0, batches=batches) for r in range(2)]
         for r in results:
             r.update(changes.get(way, {}))  # type: ignore[typeddict-item]
-        made.append(_row(way, Way(way).shape(2, 2), 2, 10.0, results))
+        made.append(row_of(way, Way(way).shape(2, 2), 2, 10.0, results))
     return made
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
-from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy_lab.bench.contract import BenchSpec
 from loadpolicy_lab.harness.launch import Tree
 
 
@@ -50,45 +50,6 @@ class Case:
             "logits": None if logits is None else str(logits),
             "autoep": self.autoep,
         }
-
-    def problems(self, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
-        """What makes a launch not this case: another policy, another tree, values that are not the checkpoint's, or
-        (stock) parameters not partitioned."""
-        expected = self.policy if self.tree is Tree.PATCHED else None  # stock has no `_load_policy`
-        problems = [
-            f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
-        ]
-        src = tree.resolve() / "src"
-        problems += [
-            f"rank {r['rank']} imported transformers from {r['transformers_file']}, not from {src}"
-            for r in results
-            if not Path(r["transformers_file"]).is_relative_to(src)
-        ]
-        if self.branch is not None:
-            problems += [
-                f"rank {r['rank']} loaded through {r['loading_branch']}, expected {self.branch.value}"
-                for r in results
-                if r["loading_branch"] != self.branch.value
-            ]
-        # the values: every rank's parameters add up to the checkpoint's (no rank compared nothing)
-        problems += [
-            f"rank {r['rank']}: {r['fingerprinted']} of {expected_parameters} parameters compared with the checkpoint"
-            for r in results
-            if r["fingerprinted"] != expected_parameters
-        ]
-        problems += [
-            f"rank {r['rank']}: values differ from the checkpoint: {'; '.join(r['value_problems'][:3])}"
-            for r in results
-            if r["value_problems"]
-        ]
-        problems += [f"rank {r['rank']}: {'; '.join(r['logits_problems'])}" for r in results if r["logits_problems"]]
-        if self.policy is PolicyName.ZERO3_INIT:
-            problems += [
-                f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned"
-                for r in results
-                if r["unpartitioned"]
-            ]
-        return problems
 
 
 _MSOR, _EP = PolicyName.META_SHARD_ON_READ, EPLayout.TP_EQUALS_EP

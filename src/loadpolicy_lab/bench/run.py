@@ -21,6 +21,7 @@ from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.units import GIB
 from loadpolicy_lab.bench.cases import CASES, Case
 from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement
+from loadpolicy_lab.bench.judge import judge
 from loadpolicy_lab.bench.logits import REFERENCE_NAME
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments, launch, read_results, run_bounded, tree_env
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
@@ -180,7 +181,7 @@ def bench(out: Path, patches: Path, cache: Path, *, smoke: bool, repeats: int, t
                     if isinstance(results, str):
                         error = results
                         break
-                    error = "; ".join(case.problems(results, trees[case.tree], compared))[:300] or None
+                    error = "; ".join(judge(case, results, trees[case.tree], compared))[:300] or None
                     if error:
                         break
                     runs.append(results)

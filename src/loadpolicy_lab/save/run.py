@@ -26,6 +26,7 @@ from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.models.published import build as build_width
 from loadpolicy_lab.save.cases import Way, shape
 from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
+from loadpolicy_lab.save.judge import judge
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,23 +39,6 @@ class Row:
     peak_over_held: list[float] = field(default_factory=list)  # per rank: peak while saving / resident before
     peak_rise_gib: list[float] = field(default_factory=list)  # per rank: peak while saving - resident before
     compared: int = 0  # tensors rank 0 compared with the checkpoint
-
-
-def judge(way: Way, results: list[SaveMeasurement], expected_policy: str) -> list[str]:
-    """What makes a save not count: another policy, or files that do not hold the checkpoint's tensors (a missing
-    comparison fails)."""
-    problems = [
-        f"rank {r['rank']} loaded as {r['policy']}, expected {expected_policy}"
-        for r in results
-        if r["policy"] != expected_policy
-    ]
-    if way.value_checked:
-        first = results[0]
-        if first["saved_unequal"] is None or not (first["compared"] > 0):
-            problems.append("the saved files were not compared with the checkpoint")
-        elif first["saved_unequal"]:
-            problems.append(f"saved tensors differ from the checkpoint's: {first['saved_unequal'][:3]}")
-    return problems
 
 
 def _row(model: BenchModel, ranks: int, way: Way, results: list[SaveMeasurement] | str) -> Row:

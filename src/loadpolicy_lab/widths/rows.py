@@ -12,6 +12,7 @@ from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.bench.contract import LoadMeasurement
 from loadpolicy_lab.widths.cases import DCP_READERS, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement
+from loadpolicy_lab.widths.judge import judge, judge_load
 
 
 LIMIT = "limit: pread of each rank's share"
@@ -75,11 +76,8 @@ def load_row(
     base = Row(shape, ranks, case.label, total / GIB)
     if isinstance(results, str):
         return replace(base, error=results)
-    if problems := case.problems(results, judged["tree"], judged["parameters"]):
+    if problems := judge_load(case, results, judged["tree"], judged["parameters"]):
         return replace(base, error="; ".join(problems)[:400])
-    # the fingerprints saw the experts before AutoEP regrouped them: its logits must be judged
-    if case.autoep and results[0]["logits_not_judged"]:
-        return replace(base, error=f"AutoEP's regrouped experts not judged: {results[0]['logits_not_judged']}")
     peak, ideal = _worst([(max(r["peak_total"], r["held_total"]), total / ranks + r["rss_before"]) for r in results])
     trainable = _until_trainable(results)
     return replace(
@@ -140,19 +138,7 @@ def reader_row(
     base = Row(shape, ranks, WAY_OF_READER[reader], total / GIB)
     if isinstance(results, str):
         return replace(base, error=results)
-    problems = []
-    if sum(r["share_bytes"] for r in results) != total:
-        problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
-    if reader in DCP_READERS:
-        # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
-        # the ranks is the check above)
-        held = [tensors if reader is Reader.DCP else r.get("held", tensors) for r in results]
-        problems += [
-            f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
-            for r, expected in zip(results, held, strict=True)
-            if r["checked"] != expected
-        ]
-        problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
+    problems = judge(reader, results, total, tensors)
     if problems:
         return replace(base, error="; ".join(problems)[:400])
     peak, ideal = _worst([(r["peak_total"], total / ranks + r["rss_before"]) for r in results])

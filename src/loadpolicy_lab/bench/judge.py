@@ -1,0 +1,53 @@
+"""The load benchmark's judge: whether a launch is the case it claims to be, with the checkpoint's values.
+
+Every rank's figures are compared with references the stock tree made (fingerprints, logits), never with the code
+under test; a field a rank did not report fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadpolicy.policy import PolicyName
+from loadpolicy_lab.bench.cases import Case
+from loadpolicy_lab.bench.contract import LoadMeasurement
+from loadpolicy_lab.harness.launch import Tree
+
+
+def judge(case: Case, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
+    """What makes a launch not `case`: another policy, another tree than `tree`, values that are not the
+    checkpoint's (every rank's parameters against the stock one-process load's fingerprints, logits within their
+    bound), or (stock) parameters not partitioned."""
+    expected = case.policy if case.tree is Tree.PATCHED else None  # stock has no `_load_policy`
+    problems = [
+        f"rank {r['rank']} selected {r['policy']}, expected {expected}" for r in results if r["policy"] != expected
+    ]
+    src = tree.resolve() / "src"
+    problems += [
+        f"rank {r['rank']} imported transformers from {r['transformers_file']}, not from {src}"
+        for r in results
+        if not Path(r["transformers_file"]).is_relative_to(src)
+    ]
+    if case.branch is not None:
+        problems += [
+            f"rank {r['rank']} loaded through {r['loading_branch']}, expected {case.branch.value}"
+            for r in results
+            if r["loading_branch"] != case.branch.value
+        ]
+    # the values: every rank's parameters add up to the checkpoint's (no rank compared nothing)
+    problems += [
+        f"rank {r['rank']}: {r['fingerprinted']} of {expected_parameters} parameters compared with the checkpoint"
+        for r in results
+        if r["fingerprinted"] != expected_parameters
+    ]
+    problems += [
+        f"rank {r['rank']}: values differ from the checkpoint: {'; '.join(r['value_problems'][:3])}"
+        for r in results
+        if r["value_problems"]
+    ]
+    problems += [f"rank {r['rank']}: {'; '.join(r['logits_problems'])}" for r in results if r["logits_problems"]]
+    if case.policy is PolicyName.ZERO3_INIT:
+        problems += [
+            f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned" for r in results if r["unpartitioned"]
+        ]
+    return problems
