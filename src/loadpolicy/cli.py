@@ -118,7 +118,7 @@ DEV_COMMANDS = (
     ),
     _LazyCommand(
         "widths-rounds",
-        "one real-width load, reads one at a time and in flight, beside DCP, in rounds",
+        "real-width reads and loads, any set of ways and trees, in interleaved rounds",
         "loadpolicy_lab.widths.rounds",
     ),
     _LazyCommand(

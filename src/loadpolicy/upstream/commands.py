@@ -14,6 +14,7 @@ from loadpolicy.upstream.fetch import fetch_unpinned
 from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
+from loadpolicy.upstream.series_check import check_series
 from loadpolicy.upstream.stack import check_prefixes, run_series_tests
 from loadpolicy.upstream.stack_record import (
     require_current_record,
@@ -74,6 +75,15 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _common(stack)
     stack.set_defaults(handler=_stack)
 
+    test = series.add_parser(
+        "test", help="the three series linted, applied, installed and tested in order (what `tox -e patches` runs)"
+    )
+    test.add_argument("work", type=Path, help="where the DeepSpeed, PEFT and transformers checkouts are made afresh")
+    test.add_argument("--tests", type=Path, default=Path("tests/patches"), help="this repository's tests of the tree")
+    test.add_argument("--stack-record", type=Path, default=Path("patches/STACK"), help="the stack check's record")
+    _common(test)
+    test.set_defaults(handler=_test)
+
     sizes = series.add_parser("sizes", help="each PR's patches and the lines it adds to src/ and tests/, as a table")
     _common(sizes)
     sizes.set_defaults(handler=_sizes)
@@ -89,6 +99,10 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     again.add_argument("--timeout", type=positive_seconds, default=1800.0, help="bound on those tests, in seconds")
     _common(again)
     again.set_defaults(handler=_refresh)
+
+
+def _test(args: argparse.Namespace) -> str:
+    return check_series(args.work, args.patches, args.cache, args.tests, args.stack_record)
 
 
 def _checkout(args: argparse.Namespace) -> str:
