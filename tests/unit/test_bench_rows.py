@@ -1,4 +1,4 @@
-"""The benchmark's row figures, on synthetic rank measurements (real runs: `tox -e bench`)."""
+"""The benchmark's row figures, on synthetic rank measurements (real runs: `tox -e lab -- loadpolicy dev bench`)."""
 
 from __future__ import annotations
 

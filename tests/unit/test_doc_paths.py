@@ -125,3 +125,20 @@ def test_every_result_file_is_listed_in_the_results_index() -> None:
     listed = set(re.findall(r"^\| \[([^\]]+)\]\(", index, re.MULTILINE))
     present = {p.name for p in results.iterdir() if p.name != "README.md"}
     assert listed == present
+
+
+_TOX_ENV = re.compile(r"tox (?:-p \d+ )?-e ([\w,-]+)")
+TOX_ENVS = set(re.findall(r"^\[testenv:([\w-]+)\]", (ROOT / "tox.ini").read_text(encoding="utf-8"), re.MULTILINE))
+
+
+def test_every_tox_environment_a_page_names_exists() -> None:
+    """A page's command must run as written; the results files keep the commands of their day."""
+    pages = [page for page in PAGES if "results" not in page.relative_to(ROOT).parts] + [ROOT / ".ci" / "run"]
+    unknown = sorted(
+        f"{page.relative_to(ROOT)}: {name}"
+        for page in pages
+        for names in _TOX_ENV.findall(page.read_text(encoding="utf-8"))
+        for name in names.split(",")
+        if name not in TOX_ENVS
+    )
+    assert unknown == []

@@ -1,4 +1,4 @@
-"""The training-throughput judge and its figures, on synthetic rank results (real runs: `tox -e throughput`)."""
+"""The training-throughput judge and its figures, on synthetic rank results (real runs: `dev throughput`)."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def _run_calibrate(args: argparse.Namespace) -> str:
     if not (args.bench / "bench.json").is_file():
         raise CommandError(
             f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a "
-            "`loadpolicy dev bench` run (`tox -e bench` writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
+            "`loadpolicy dev bench` run (its default writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
         )
     try:
         rows = calibrate(args.bench)

@@ -202,7 +202,7 @@ PARITY_FAST = (
     ParityCase("qwen3_moe", 4, Trainer.DEEPSPEED, clip=0.0, optimizer="sgd", dp=2, dispatch=True, export=True),
 )
 # The main job's (`tox -e multigpu`, bounded at 15 min here): the CI subset, plus each way of training with token
-# dispatch, ep = world at 4 ranks, and the 4-rank Trainer at dp 2 x ep 2. `--sweep` (`tox -e multigpu-sweep`) runs
+# dispatch, ep = world at 4 ranks, and the 4-rank Trainer at dp 2 x ep 2. `--sweep` (`tox -e multigpu -- --sweep`) runs
 # every case of PARITY_FULL.
 PARITY_MAIN = (
     *PARITY_FAST,
