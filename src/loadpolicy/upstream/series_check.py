@@ -32,56 +32,40 @@ def _pytest(*words: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *words)
 
 
-def series_steps(work: Path, patches: Path, cache: Path, tests: Path, stack_record: Path) -> list[Step]:
-    """Every step, in order, with `work` holding the three checkouts and `patches` the series' folder."""
-    deepspeed, peft, tf = work / "deepspeed", work / "peft", work / "tf"
+def _applied(label: str, series: Path, tree: Path, cache: Path) -> list[Step]:
+    """A series linted (applied to a pristine checkout) and checked out at `tree`, installed."""
     cached = ("--cache", str(cache))
     return [
         Step(
-            "the stack check's record",
-            _loadpolicy("dev", "series", "lint", "--require-stack-record", str(stack_record)),
+            f"the {label} series' lint",
+            _loadpolicy("dev", "series", "lint", "--apply", "--patches", str(series), *cached),
         ),
         Step(
-            "the DeepSpeed series' lint",
-            _loadpolicy("dev", "series", "lint", "--apply", "--patches", str(patches / "deepspeed"), *cached),
+            f"the {label} checkout", _loadpolicy("checkout", str(tree), "--patches", str(series), "--install", *cached)
         ),
-        Step(
-            "the DeepSpeed checkout",
-            _loadpolicy("checkout", str(deepspeed), "--patches", str(patches / "deepspeed"), "--install", *cached),
-        ),
+    ]
+
+
+def series_steps(work: Path, patches: Path, cache: Path, tests: Path, stack_record: Path) -> list[Step]:
+    """Every step, in order, with `work` holding the three checkouts and `patches` the series' folder."""
+    deepspeed, peft, tf = work / "deepspeed", work / "peft", work / "tf"
+    record = _loadpolicy("dev", "series", "lint", "--require-stack-record", str(stack_record))
+    # PEFT's own pytest settings, without the coverage plugin they ask for
+    peft_settings = ("-o", "addopts=", "-c", str(peft / "pyproject.toml"), "--rootdir", str(peft))
+    tf_settings = ("--rootdir", str(tf), "-c", str(tf / "pyproject.toml"))
+    return [
+        Step("the stack check's record", record),
+        *_applied("DeepSpeed", patches / "deepspeed", deepspeed, cache),
         Step(
             "the DeepSpeed series' tests",
             _pytest("-c", str(deepspeed / "setup.cfg"), "--rootdir", str(deepspeed), str(deepspeed / "tests")),
         ),
-        Step(
-            "the PEFT series' lint",
-            _loadpolicy("dev", "series", "lint", "--apply", "--patches", str(patches / "peft"), *cached),
-        ),
-        Step(
-            "the PEFT checkout",
-            _loadpolicy("checkout", str(peft), "--patches", str(patches / "peft"), "--install", *cached),
-        ),
-        # its own pytest settings, without the coverage plugin they ask for
+        *_applied("PEFT", patches / "peft", peft, cache),
         Step(
             "the PEFT series' tests",
-            _pytest(
-                "-o",
-                "addopts=",
-                "-c",
-                str(peft / "pyproject.toml"),
-                "--rootdir",
-                str(peft),
-                str(peft / "tests" / "test_target_parameters_expert_parallel.py"),
-            ),
+            _pytest(*peft_settings, str(peft / "tests" / "test_target_parameters_expert_parallel.py")),
         ),
-        Step(
-            "the transformers series' lint",
-            _loadpolicy("dev", "series", "lint", "--apply", "--patches", str(patches), *cached),
-        ),
-        Step(
-            "the transformers checkout",
-            _loadpolicy("checkout", str(tf), "--patches", str(patches), "--install", *cached),
-        ),
+        *_applied("transformers", patches, tf, cache),
         # in seconds: every row's text found once, every check selecting something, every row recorded on its path
         Step("the mutation table's fast check", _loadpolicy("dev", "mutants", "--check-table", str(tf))),
         Step("this repository's tests of the patched tree", _pytest(str(tests))),
@@ -92,13 +76,7 @@ def series_steps(work: Path, patches: Path, cache: Path, tests: Path, stack_reco
         # where transformers keeps them: the sdist carries none of these folders
         Step(
             "the series' own tests",
-            _pytest(
-                "--rootdir",
-                str(tf),
-                "-c",
-                str(tf / "pyproject.toml"),
-                *(str(tf / "tests" / folder) for folder in ("deepspeed", "distributed", "utils")),
-            ),
+            _pytest(*tf_settings, *(str(tf / "tests" / f) for f in ("deepspeed", "distributed", "utils"))),
         ),
     ]
 
