@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,8 +18,9 @@ import transformers
 
 from loadpolicy_lab.autoep.contract import AutoEPSpec, ReferenceRun, StageFigures, WayRank
 from loadpolicy_lab.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed
-from loadpolicy_lab.harness.procfs import PeakSampler, memory_status
+from loadpolicy_lab.harness.procfs import PeakSampler, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3
 from loadpolicy_lab.training import steps as training
 from loadpolicy_lab.training.autoep import apply_output_capture_registry_shim
 
@@ -35,7 +35,7 @@ Stage = Callable[[str], None]
 def _measured(figures: dict[str, StageFigures], name: str, device: RankDevice) -> Iterator[None]:
     """Time the block on this rank and record its peak RSS (and its device's peak); every rank starts it together."""
     torch.distributed.barrier()
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    reset_resident_peak()
     before = memory_status()
     start = time.perf_counter()
     with PeakSampler() as sampler, DeviceWindow(device) as on_device:
@@ -148,10 +148,9 @@ def _train(engine: Any, spec: AutoEPSpec, rank: int, world: int, stage: Stage) -
 
 def _epmeta(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     ds_config = training.deepspeed_config(spec, world)
-    keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(ds_config)  # noqa: F841  # held while loading
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
     with _measured(figures, "load", device):
@@ -183,10 +182,9 @@ def _epmeta(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: 
 def _autoep(spec: AutoEPSpec, rank: int, world: int, device: RankDevice, stage: Stage) -> WayRank:
     import deepspeed  # noqa: PLC0415
     from deepspeed.module_inject.auto_ep_presets.registry import get_preset  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     ds_config = training.deepspeed_config(spec, world) | {"expert_parallel": spec["expert_parallel"]}
-    keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841  # ZeRO-3 seen by from_pretrained: zero.Init
+    keep_alive = show_zero3(ds_config)  # noqa: F841  # held while loading
     figures: dict[str, StageFigures] = {}
     stage("from_pretrained")
     with _measured(figures, "load", device):

@@ -27,8 +27,9 @@ from loadpolicy_lab.harness.device import (
     start_process_group,
     synchronize,
 )
-from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status
+from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3, zero3_config
 from loadpolicy_lab.training.autoep import expert_parallel_section
 
 
@@ -128,7 +129,7 @@ def _initialize(model: Any, config: dict[str, Any], device: RankDevice) -> tuple
     # transformers' MoE blocks hold their experts as `experts`: AutoEP must replace every one of them
     blocks = sum(isinstance(getattr(m, "experts", None), torch.nn.Module) for m in model.modules())
     torch.distributed.barrier()
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    reset_resident_peak()
     start = time.perf_counter()
     with PeakSampler() as sampler:
         engine, *_ = deepspeed.initialize(model=model, config=config)
@@ -165,12 +166,7 @@ def _compare_with_checkpoint(this: Rank, fingerprints: Path, model: Any) -> tupl
 
 def _zero3_config(world: int) -> dict[str, Any]:
     # bf16 as users train: without it zero.Init keeps its partitions in float32, twice the bytes of the checkpoint.
-    return {
-        "zero_optimization": {"stage": 3},
-        "bf16": {"enabled": True},
-        "train_batch_size": world,
-        "train_micro_batch_size_per_gpu": 1,
-    }
+    return zero3_config(world, bf16={"enabled": True})
 
 
 def _launch_config(spec: BenchSpec, world: int) -> dict[str, Any]:
@@ -198,16 +194,15 @@ def _init_distributed(this: Rank, zero3: bool) -> RankDevice:
 def _measure_load(this: Rank, spec: BenchSpec) -> LoadMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     zero3 = _launch_config(spec, this.world_size)
-    keep_alive = HfDeepSpeedConfig(zero3) if spec["zero3"] else None  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(zero3) if spec["zero3"] else None  # noqa: F841  # held while loading
     device = _init_distributed(this, spec["zero3"])
     # Import the model's module before timing (transformers imports it lazily): loading is what is measured.
     model_class = getattr(transformers, spec["model_class"])
     reading = _time_partition_reads()
     torch.distributed.barrier()  # every rank starts loading together
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    reset_resident_peak()
     before, io_before = memory_status(), io_counters()
     start, cpu_start = time.perf_counter(), time.process_time()
     this.stage("from_pretrained")

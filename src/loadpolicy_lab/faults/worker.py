@@ -19,6 +19,7 @@ from typing import Any
 from loadpolicy_lab.faults.contract import FaultSpec
 from loadpolicy_lab.harness.device import rank_device, start_process_group, training_args_device_kwargs
 from loadpolicy_lab.harness.rank import Rank
+from loadpolicy_lab.harness.setup import show_zero3, zero3_config
 
 
 def _kill_this_rank_after_its_reads() -> None:
@@ -47,14 +48,13 @@ def _load(spec: FaultSpec, model_class: Any, rank: int, world: int, out: str) ->
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
-    zero3 = {"zero_optimization": {"stage": 3}, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+    zero3 = zero3_config(world)
     device = rank_device()
     if spec["process_group"]:
         start_process_group(device)  # as deepspeed.init_distributed() or Accelerator() would
     zero3_here = spec["zero3"] == "before" or (spec["zero3"] == "rank 0 only" and rank == 0)
-    keep_alive = HfDeepSpeedConfig(zero3) if zero3_here else None  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(zero3) if zero3_here else None  # noqa: F841  # held while loading
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if spec["distributed"] is not None:
         kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])

@@ -24,6 +24,7 @@ from loadpolicy_lab.harness.device import (
     to_device,
 )
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3
 
 
 LEARNING_RATE = 1e-3
@@ -177,12 +178,11 @@ def _distributed(this: Rank, spec: GpuSpec) -> dict[str, Any]:
     import deepspeed  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     _exact_matmuls()
     case, world, checkpoint = CASES_BY_NAME[spec["case"]], this.world_size, Path(spec["checkpoint"])
     config = _zero3_config(case)
-    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(config)  # noqa: F841  # held while loading
     this.stage("init_distributed")
     device = start_deepspeed_distributed()
     this.stage("from_pretrained")

@@ -24,6 +24,11 @@ def io_counters() -> dict[str, int]:
     return {key: int(value) for key, value in pairs}
 
 
+def reset_resident_peak() -> None:
+    """This process's resident peak (VmHWM) back to its resident size now: the next phase's peak is its own."""
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+
+
 class PeakSampler:
     """Track the largest anonymous, file-backed and total RSS seen while running."""
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy_lab.harness.launch import Tree, launch
+from loadpolicy_lab.harness.setup import zero3_config
 from loadpolicy_lab.harness.trees import extensions_dir, prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.matrix.cases import SCENARIOS, Run
 from loadpolicy_lab.matrix.contract import MatrixCase, MatrixSpec, RankReport
@@ -15,10 +16,6 @@ from loadpolicy_lab.matrix.judge import ArchOutcome, judge
 from loadpolicy_lab.models.architectures import model_classes as known_model_classes
 from loadpolicy_lab.models.checkpoints import build_checkpoint, build_references
 from loadpolicy_lab.models.reference import reference_path
-
-
-# train_batch_size is set per launch (ranks x micro batch)
-ZERO3_CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +60,7 @@ def run_scenario(
     worker_spec: MatrixSpec = {
         "launcher": str(run.launcher),
         "zero3": spec.zero3,
-        "zero3_config": ZERO3_CONFIG | {"train_batch_size": run.ranks},
+        "zero3_config": zero3_config(run.ranks),
         "distributed": run.shape.distributed_config(),
         "bnb_8bit": spec.bnb_8bit,
         "cases": cases,

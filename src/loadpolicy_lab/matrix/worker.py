@@ -15,6 +15,7 @@ from typing import Any
 
 from loadpolicy_lab.harness.device import RankDevice, accelerator_kwargs_handlers, host, rank_device, to_device
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3
 from loadpolicy_lab.matrix.contract import ExpertSlice, LoadCheck, MatrixCase, MatrixSpec
 from loadpolicy_lab.models.reference import input_ids, load_reference, model_output
 
@@ -49,9 +50,7 @@ def _enable_zero3(spec: MatrixSpec, device: RankDevice) -> Any:
         from accelerate import Accelerator
 
         return Accelerator(kwargs_handlers=accelerator_kwargs_handlers(device))
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig
-
-    return HfDeepSpeedConfig(spec["zero3_config"])
+    return show_zero3(spec["zero3_config"])
 
 
 def _check(rank: Rank, spec: MatrixSpec, case: MatrixCase, reference: dict[str, Any], ids: Any) -> LoadCheck:

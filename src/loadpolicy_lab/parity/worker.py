@@ -17,8 +17,9 @@ import torch
 import transformers
 
 from loadpolicy_lab.harness.device import accelerator_kwargs_handlers, rank_device, to_device
-from loadpolicy_lab.harness.procfs import memory_status
+from loadpolicy_lab.harness.procfs import memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3
 from loadpolicy_lab.parity.contract import UNIVERSAL_TAG, Export, ParitySpec, Reloaded, SavedCheckpoint, TrainedRank
 from loadpolicy_lab.training.contract import SingleRun
 from loadpolicy_lab.training.steps import (
@@ -55,7 +56,7 @@ def save_for_the_hub(spec: ParitySpec, stage: Stage, save: Callable[[str], None]
     directory, rank = spec["export_dir"], int(os.environ.get("RANK", "0"))
     if spec["export_unshared"] and rank != 0:  # a directory no other rank sees, as on a node with its own disk
         directory = f"{directory}.rank{rank}"
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    reset_resident_peak()
     before = memory_status()["VmRSS"]
     try:
         save(directory)
@@ -116,10 +117,9 @@ def _reload_adapter(spec: ParitySpec, stage: Stage, on_disk: Callable[[str], lis
 def _deepspeed(spec: ParitySpec, stage: Stage) -> TrainedRank:
     """Train `steps` steps; or, in a launch resuming from a Universal Checkpoint (`resume_from`), load it and train
     the `resumed_steps` after them on this topology's micro-batches."""
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     world = int(os.environ["WORLD_SIZE"])
-    keep_alive = HfDeepSpeedConfig(deepspeed_config(spec, world))  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(deepspeed_config(spec, world))  # noqa: F841  # held while loading
     resuming = {"checkpoint": {"load_universal": True}} if spec["resume_from"] else {}
     engine, loaded = ep_engine(spec, world, stage, resuming)
     unchanged = unchanged_experts(loaded, engine.module)

@@ -13,19 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy_lab.harness.device import DeviceWindow, host, start_deepspeed_distributed
-from loadpolicy_lab.harness.procfs import PeakSampler, memory_status
+from loadpolicy_lab.harness.procfs import PeakSampler, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3, zero3_config
 from loadpolicy_lab.save.cases import Way
 from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
 
 
 def _zero3_config(world: int) -> dict[str, Any]:
-    return {
-        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
-        "bf16": {"enabled": True},
-        "train_batch_size": world,
-        "train_micro_batch_size_per_gpu": 1,
-    }
+    return zero3_config(world, zero={"stage3_gather_16bit_weights_on_model_save": True}, bf16={"enabled": True})
 
 
 def _partitions(model: Any) -> list[Any]:
@@ -103,11 +99,10 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     rank, world, way = this.rank, this.world_size, Way(spec["way"])
     config = _zero3_config(world)
-    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(config)  # noqa: F841  # held while loading
     this.stage("init_distributed")
     device = start_deepspeed_distributed()
     this.stage("from_pretrained")
@@ -123,7 +118,7 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
         directory.mkdir(parents=True)
     torch.distributed.barrier()  # every rank starts saving together, into an empty directory
     this.stage(f"save: {way}")
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
+    reset_resident_peak()
     held = memory_status()
     start = time.perf_counter()
     with PeakSampler() as sampler:

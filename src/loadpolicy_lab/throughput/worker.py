@@ -11,15 +11,15 @@ import contextlib
 import os
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 
 from loadpolicy_lab.harness.device import DeviceWindow, RankDevice, start_deepspeed_distributed, synchronize, to_device
-from loadpolicy_lab.harness.procfs import memory_status
+from loadpolicy_lab.harness.procfs import memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3, zero3_config
 from loadpolicy_lab.throughput.contract import StepTimes, ThroughputRank, ThroughputSpec
 from loadpolicy_lab.training import steps as training
 from loadpolicy_lab.training.autoep import apply_output_capture_registry_shim, expert_parallel_section
@@ -38,23 +38,23 @@ COLLECTIVES = {
 
 
 def ds_config(spec: ThroughputSpec, world: int) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        # Buckets of 50M elements instead of DeepSpeed's 500M defaults (2 GB of fp32 per bucket per rank), for every
-        # way alike: with the defaults plain ZeRO-3 on moe-300m at 4 ranks needs 6.3 GB per rank, over this machine.
-        "zero_optimization": {
-            "stage": 3,
-            "reduce_bucket_size": 50_000_000,
-            "allgather_bucket_size": 50_000_000,
-            "stage3_prefetch_bucket_size": 50_000_000,
-            "stage3_max_live_parameters": 100_000_000,
-            "stage3_max_reuse_distance": 100_000_000,
-        },
-        "train_micro_batch_size_per_gpu": spec["micro_batch"],
-        "train_batch_size": spec["micro_batch"] * world,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "steps_per_print": 10_000,
+    # Buckets of 50M elements instead of DeepSpeed's 500M defaults (2 GB of fp32 per bucket per rank), for every way
+    # alike: with the defaults plain ZeRO-3 on moe-300m at 4 ranks needs 6.3 GB per rank, over this machine.
+    buckets = {
+        "reduce_bucket_size": 50_000_000,
+        "allgather_bucket_size": 50_000_000,
+        "stage3_prefetch_bucket_size": 50_000_000,
+        "stage3_max_live_parameters": 100_000_000,
+        "stage3_max_reuse_distance": 100_000_000,
     }
+    config = zero3_config(
+        world,
+        micro_batch=spec["micro_batch"],
+        zero=buckets,
+        gradient_accumulation_steps=1,
+        gradient_clipping=1.0,
+        steps_per_print=10_000,
+    )
     if spec["way"] == "autoep":
         config["expert_parallel"] = expert_parallel_section(spec["model_type"], spec["ep"])
     return config
@@ -169,14 +169,13 @@ def _train_steps(
 
 def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     import deepspeed  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     rank, world = this.rank, this.world_size
     this.facts["transformers_file"] = transformers.__file__
     this.stage("init_distributed")
     device = start_deepspeed_distributed()
     config = ds_config(spec, world)
-    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841  # held by a weak reference; before from_pretrained
+    keep_alive = show_zero3(config)  # noqa: F841  # held while loading
     this.stage("from_pretrained")
     model = _load(spec, world)
     policy = getattr(model, "_load_policy", None)
@@ -196,7 +195,7 @@ def _train(this: Rank, spec: ThroughputSpec) -> ThroughputRank:
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, **fused)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     mine = rank // (world // distinct_batches(spec, world))  # consecutive ranks share a tp = ep group's batch
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM: the peak while training
+    reset_resident_peak()
     losses, steps, device_peak = _train_steps(this, spec, engine, device, mine)
     peak = memory_status()["VmHWM"]
     this.stage("profiled step")

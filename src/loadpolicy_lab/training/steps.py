@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from loadpolicy_lab.harness.device import host, rank_device, to_device
+from loadpolicy_lab.harness.setup import zero3_config
 from loadpolicy_lab.training.contract import SingleRun, TrainingSpec
 
 
@@ -48,20 +49,21 @@ def freeze(model: Any, frozen: list[str]) -> None:
 
 def deepspeed_config(spec: TrainingSpec, world: int) -> dict[str, Any]:
     # What `Trainer.save_model` and `accelerator.get_state_dict` need to write full weights
-    zero: dict[str, Any] = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    zero: dict[str, Any] = {"stage3_gather_16bit_weights_on_model_save": True}
     offload: dict[str, Any] = {}
     if spec["offload"]:
         zero |= {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
         offload = {"zero_force_ds_cpu_optimizer": False}  # the torch optimizer of the reference, not DeepSpeed's
-    return offload | {
-        "zero_optimization": zero,
-        "train_batch_size": MICRO_BATCH * world,
-        "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": spec["clip"],  # DeepSpeed clips to 1.0 when this is left out
-        "steps_per_print": 10_000,
-        "zero_allow_untested_optimizer": spec["optimizer"] == "sgd",
-    }
+    return zero3_config(
+        world,
+        micro_batch=MICRO_BATCH,
+        zero=zero,
+        gradient_accumulation_steps=1,
+        gradient_clipping=spec["clip"],  # DeepSpeed clips to 1.0 when this is left out
+        steps_per_print=10_000,
+        zero_allow_untested_optimizer=spec["optimizer"] == "sgd",
+        **offload,
+    )
 
 
 def make_optimizer(model: Any, spec: TrainingSpec) -> Any:

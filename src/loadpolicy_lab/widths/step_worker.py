@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 from loadpolicy_lab.bench.contract import BenchSpec
 from loadpolicy_lab.harness.device import host, start_deepspeed_distributed, to_device
 from loadpolicy_lab.harness.rank import Rank, run_rank
+from loadpolicy_lab.harness.setup import show_zero3, zero3_config
 
 
 class StepSpec(BenchSpec):
@@ -30,16 +31,16 @@ class StepRank(TypedDict):
 
 
 def step_config(world: int, rows: int) -> dict[str, Any]:
-    return {
+    return zero3_config(
+        world,
+        micro_batch=rows,
         # the optimizer's float32 buffers and the gradients' reduction buckets in pieces: the ranks share one host
-        "zero_optimization": {"stage": 3, "sub_group_size": 100_000_000, "reduce_bucket_size": 50_000_000},
-        "bf16": {"enabled": True},
-        "train_batch_size": rows * world,
-        "train_micro_batch_size_per_gpu": rows,
-        "gradient_clipping": 0.0,  # DeepSpeed clips to 1.0 when this is left out
-        "zero_allow_untested_optimizer": True,  # torch's SGD, as the reference steps
-        "steps_per_print": 10_000,
-    }
+        zero={"sub_group_size": 100_000_000, "reduce_bucket_size": 50_000_000},
+        bf16={"enabled": True},
+        gradient_clipping=0.0,  # DeepSpeed clips to 1.0 when this is left out
+        zero_allow_untested_optimizer=True,  # torch's SGD, as the reference steps
+        steps_per_print=10_000,
+    )
 
 
 def _held(params: dict[str, Any], chosen: dict[str, Any], local: Any) -> dict[str, dict[str, Any]]:
@@ -69,7 +70,6 @@ def _step(this: Rank, spec: StepSpec) -> StepRank:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from deepspeed.utils import safe_get_local_fp32_param, safe_get_local_grad  # noqa: PLC0415
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig  # noqa: PLC0415
 
     from loadpolicy_lab.bench.worker import load  # noqa: PLC0415
     from loadpolicy_lab.widths.step import LEARNING_RATE, batch, rows_of  # noqa: PLC0415
@@ -78,7 +78,7 @@ def _step(this: Rank, spec: StepSpec) -> StepRank:
     config = transformers.AutoConfig.from_pretrained(spec["checkpoint"])
     ids = rows_of(batch(config.get_text_config().vocab_size), this.rank, this.world_size, spec["replicas"])
     zero3 = step_config(this.world_size, ids.shape[0])
-    keep_alive = HfDeepSpeedConfig(zero3)  # noqa: F841  # held by a weak reference
+    keep_alive = show_zero3(zero3)  # noqa: F841  # held while loading
     this.stage("init_distributed")
     start_deepspeed_distributed()
     this.stage("from_pretrained")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy_lab.harness.device import host_rank_device, start_process_group
-from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status
+from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.widths.cases import DCP_READERS, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement, ReaderSpec
@@ -189,7 +189,7 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     elif spec["reader"] not in _PREADS:
         raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(map(str, [*DCP_READERS, *_PREADS]))}")
     torch.distributed.barrier()
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+    reset_resident_peak()
     before, io_before = memory_status(), io_counters()
     this.stage(f"read ({spec['reader']})")
     start, cpu_start = time.perf_counter(), time.process_time()
