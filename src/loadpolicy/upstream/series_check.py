@@ -9,6 +9,7 @@ keeps them. Each step runs as its own process with this interpreter; the first t
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy.errors import CommandError
+
+
+# what the steps need wherever they run, unless the environment says otherwise: the in-tree multi-process tests are
+# `@slow`, as transformers gates them, and two ranks share this machine's cores
+STEP_ENV = {"RUN_SLOW": "1", "OMP_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +55,9 @@ def _applied(label: str, series: Path, tree: Path, cache: Path) -> list[Step]:
 def series_steps(work: Path, patches: Path, cache: Path, tests: Path, stack_record: Path) -> list[Step]:
     """Every step, in order, with `work` holding the three checkouts and `patches` the series' folder."""
     deepspeed, peft, tf = work / "deepspeed", work / "peft", work / "tf"
-    record = _loadpolicy("dev", "series", "lint", "--require-stack-record", str(stack_record))
+    record = _loadpolicy(
+        "dev", "series", "lint", "--require-stack-record", str(stack_record), "--patches", str(patches)
+    )
     # PEFT's own pytest settings, without the coverage plugin they ask for
     peft_settings = ("-o", "addopts=", "-c", str(peft / "pyproject.toml"), "--rootdir", str(peft))
     tf_settings = ("--rootdir", str(tf), "-c", str(tf / "pyproject.toml"))
@@ -92,7 +100,7 @@ def run_steps(steps: list[Step]) -> str:
     """Each step in turn; the first that fails ends the run, named with its place and exit status."""
     for index, step in enumerate(steps, start=1):
         print(f"[{index}/{len(steps)}] {step.what}: {' '.join(step.argv)}", flush=True)
-        returncode = subprocess.run(step.argv, check=False).returncode
+        returncode = subprocess.run(step.argv, check=False, env=STEP_ENV | dict(os.environ)).returncode
         if returncode != 0:
             raise CommandError(f"step {index} of {len(steps)}, {step.what}, failed (exit {returncode})")
     return f"every step passed: {', '.join(step.what for step in steps)}"

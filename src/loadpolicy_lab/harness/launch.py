@@ -181,7 +181,7 @@ def _run_in_session(command: list[str], env: dict[str, str], log: Path, timeout:
                 code: int | None = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 code = None
-            left_running = code is not None and (_session_alive(proc.pid) or bool(_marked(mark)))
+            left_running = code is not None and _outlived(proc.pid, mark)
             if code is None or left_running:
                 _kill_launch(proc.pid, mark)
                 proc.wait()
@@ -196,18 +196,30 @@ def _run_in_session(command: list[str], env: dict[str, str], log: Path, timeout:
 
 def _marked(mark: str) -> list[int]:
     """The live processes whose environment carries `mark` (a zombie's reads empty)."""
-    entry = f"{mark}=1".encode()
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as environ:
-            if entry in environ.read().split(b"\0"):
-                pids.append(int(pid))
-    return pids
+    return [int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if _carries(int(pid), mark)]
+
+
+def _carries(pid: int, mark: str) -> bool:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as environ:
+        return f"{mark}=1".encode() in environ.read().split(b"\0")
+    return False
+
+
+def _outlived(session: int, mark: str, grace: float = 2.0) -> bool:
+    """Whether processes of the launch are still there `grace` seconds after its launcher exited: ranks that torchrun
+    stopped as it closed may take a moment to go."""
+    deadline = time.monotonic() + grace
+    while _session_alive(session) or _marked(mark):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _kill_launch(session: int, mark: str) -> None:
     """SIGKILL the launch's process group (launcher, node agents), then every process marked as the launch's: the
-    ranks in sessions of their own, orphaned by their agent's death, until none is left."""
+    ranks in sessions of their own, orphaned by their agent's death, until none is left. Each is signalled through a
+    pidfd whose process still carries the mark, so a pid reused since the scan is never signalled."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(session, signal.SIGKILL)
     for _ in range(100):
@@ -215,9 +227,23 @@ def _kill_launch(session: int, mark: str) -> None:
         if not pids:
             return
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            _kill_marked(pid, mark)
         time.sleep(0.05)
+    print(f"processes of a launch survived SIGKILL for 5 s: {_marked(mark)}", file=sys.stderr, flush=True)
+
+
+def _kill_marked(pid: int, mark: str) -> None:
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return
+    try:
+        if _carries(pid, mark):
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(handle)
 
 
 def _session_alive(session: int) -> bool:

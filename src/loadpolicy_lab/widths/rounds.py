@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.published import SHAPES_BY_NAME
-from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader, has_autoep_preset
 from loadpolicy_lab.widths.rows import Row
 from loadpolicy_lab.widths.run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
 
@@ -111,10 +112,13 @@ def rounds(
 ) -> list[RoundRow]:
     """`count` rounds of `ways` on one shape at `ranks`, each launch judged; `trees` by name, "stock" among them."""
     checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK.value], MAX_GIB, timeout)
+    model_type = checkpoint.shape.architecture.transformers_config().model_type
+    # as `dev widths`: DeepSpeed AutoEP only where it has a preset for the model type (gpt-oss has none)
+    ways = tuple(way for way in ways if way.case is None or not way.case.autoep or has_autoep_preset(model_type))
     found = []
     for index in range(count):
         for way in round_order(ways, index):
-            where = out / "runs" / shape / str(ranks) / f"{index}-{way.label.replace(' ', '-').replace('/', '-')}"
+            where = out / "runs" / shape / str(ranks) / f"{index}-{_folder(way.label)}"
             tree = trees[way.tree]
             if way.reader is not None:
                 row = read_once(checkpoint, ranks, tree, where, timeout, way.reader)
@@ -186,6 +190,11 @@ def _spread(items: list[RoundRow]) -> list[str]:
     return lines + [f"- FAILED {r.way} (round {r.round}): {r.row.error}" for r in items if r.row.error]
 
 
+def _folder(label: str) -> str:
+    """A way's label as a folder name: letters, digits and dashes."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+
+
 def _seconds(row: Row) -> float | None:
     return row.seconds if row.error is None else None
 
@@ -230,10 +239,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _run(args: argparse.Namespace) -> str:
     started = time.monotonic()
+    names = [name for name, _ in args.trees] if args.trees else [Tree.PATCHED.value]
+    ways = ways_for(args.ways or default_ways(args.case), names)  # a bad way is refused before minutes of building
     prepared = prepare_trees(args.out, args.patches, args.cache)
     prebuild_deepspeed_ops(args.out)
     named = dict(args.trees or [(Tree.PATCHED.value, prepared[Tree.PATCHED])])
-    ways = ways_for(args.ways or default_ways(args.case), list(named))
     trees = {Tree.STOCK.value: prepared[Tree.STOCK], **named}
     checkpoints = (args.checkpoints or args.out / "checkpoints").resolve()
     found = []

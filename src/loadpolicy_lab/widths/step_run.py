@@ -11,6 +11,7 @@ within the bound. Writes OUT/step.md and OUT/step.json; docs/benchmark.md ("One 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -32,7 +33,14 @@ from loadpolicy_lab.widths.step_worker import StepRank, StepSpec
 
 # every way of loading that trains under ZeRO-3; stock zero.Init is the control the bound must pass too
 STEP_CASES = tuple(case for case in LOADS if case.zero3)
-SMALLEST = min(SHAPES, key=checkpoint_bytes)
+
+
+@functools.cache
+def smallest_shape() -> WidthShape:
+    """The published shape of the fewest checkpoint bytes (its models are built on the meta device: torch)."""
+    return min(SHAPES, key=checkpoint_bytes)
+
+
 # DeepSeek-V2-Lite's first dense layer and first MoE layer; a shape with fewer layers keeps them all
 STEP_LAYERS = 2
 
@@ -154,7 +162,7 @@ def render_markdown(rows: list[Row], command: str) -> str:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("widths-step", help="one training step at real width against one process")
     parser.add_argument("--out", type=Path, default=Path("build/widths-step"), help="work and report directory")
-    parser.add_argument("--shape", choices=sorted(SHAPES_BY_NAME), default=SMALLEST.name, help="the shape")
+    parser.add_argument("--shape", choices=sorted(SHAPES_BY_NAME), default=smallest_shape().name, help="the shape")
     parser.add_argument("--ranks", type=positive_int, default=2, help="ranks (default 2)")
     parser.add_argument(
         "--layers", type=positive_int, default=STEP_LAYERS, help=f"cut the shape to this many layers ({STEP_LAYERS})"
