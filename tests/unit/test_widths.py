@@ -447,3 +447,40 @@ def test_an_autoep_row_whose_regrouped_experts_were_not_judged_fails() -> None:
     assert row.error == "AutoEP's regrouped experts not judged: the forward needs 9 GiB, 4 available"
     epmeta = next(case for case in LOADS if case.label == "EPMeta: partition reads")
     assert load_row("s", epmeta, 2, 100, [_load(0, None), _load(1, None)], tree=Path("/t"), parameters=3).error is None
+
+
+@pytest.mark.parametrize("reader", ["dcp-4-threads", "dcp"])
+def test_dcp_with_more_threads_reads_every_block_of_every_tensor_at_two_ranks(tmp_path: Path, reader: str) -> None:
+    """Two real ranks of the reader worker: DCP in its row sharding, with its reading threads as the way says, every
+    block judged against the file's bytes."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from loadpolicy_lab.harness.launch import launch, read_results
+    from loadpolicy_lab.widths.cases import Reader
+    from loadpolicy_lab.widths.contract import ReaderMeasurement
+    from loadpolicy_lab.widths.judge import judge
+
+    checkpoint, tree = tmp_path / "checkpoint", tmp_path / "tree"
+    checkpoint.mkdir()
+    (tree / "src" / "transformers").mkdir(parents=True)  # the tree a launch runs on: none is imported here
+    (tree / "src" / "transformers" / "__init__.py").write_text("", encoding="utf-8")
+    save_file(
+        {"a": torch.randn(6, 3).to(torch.bfloat16), "b": torch.arange(8, dtype=torch.float32)},
+        str(checkpoint / "model.safetensors"),
+    )
+    spans = read_spans(checkpoint)
+    results = read_results(
+        launch(
+            "loadpolicy_lab.widths.worker",
+            {"reader": reader, "checkpoint": str(checkpoint)},
+            tree,
+            tmp_path / "out",
+            2,
+            120.0,
+        ),
+        ReaderMeasurement,
+    )
+    assert not isinstance(results, str), results
+    assert judge(Reader(reader), results, sum(s.end - s.start for s in spans), len(spans)) == []
+    assert [r["checked"] for r in results] == [2, 2]

@@ -26,9 +26,16 @@ class Reader(enum.StrEnum):
     # the same reader into the loads' sharding: each expert's tensors whole on the rank that holds the expert (a plain
     # tensor in that rank's state dict alone), every other tensor row-sharded: the same bytes per rank as the loads
     DCP_EXPERTS = "dcp-experts"
+    # the peer in its own sharding with more of its reading threads (`HuggingFaceStorageReader(thread_count=...)`,
+    # 1 by default): its best documented setting is the one that reads fastest on the disk at hand
+    DCP_4_THREADS = "dcp-4-threads"
+    DCP_8_THREADS = "dcp-8-threads"
 
 
+# the peers `dev widths` reads beside the loads, and every way DCP can read (`widths-rounds --ways`)
 DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
+DCP_ANY = (*DCP_READERS, Reader.DCP_4_THREADS, Reader.DCP_8_THREADS)
+DCP_THREADS = {Reader.DCP_4_THREADS: 4, Reader.DCP_8_THREADS: 8}
 
 
 _BY_LABEL = {case.label: case for case in CASES}

@@ -9,7 +9,7 @@ from pathlib import Path
 from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.bench.contract import LoadMeasurement
 from loadpolicy_lab.bench.judge import judge as judge_bench_load
-from loadpolicy_lab.widths.cases import DCP_READERS, Reader
+from loadpolicy_lab.widths.cases import DCP_ANY, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement
 
 
@@ -28,10 +28,10 @@ def judge(reader: Reader, results: list[ReaderMeasurement], total: int, tensors:
     problems = []
     if sum(r["share_bytes"] for r in results) != total:
         problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
-    if reader in DCP_READERS:
+    if reader in DCP_ANY:
         # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
         # the ranks is the check above)
-        held = [tensors if reader is Reader.DCP else r.get("held", tensors) for r in results]
+        held = [r.get("held", tensors) if reader is Reader.DCP_EXPERTS else tensors for r in results]
         problems += [
             f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
             for r, expected in zip(results, held, strict=True)

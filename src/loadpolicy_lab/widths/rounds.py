@@ -40,6 +40,8 @@ READERS = {
     "limit, kept": Reader.PREAD_KEPT,
     "DCP": Reader.DCP,
     "DCP, experts whole": Reader.DCP_EXPERTS,
+    "DCP, 4 threads": Reader.DCP_4_THREADS,
+    "DCP, 8 threads": Reader.DCP_8_THREADS,
 }
 LOADS_BY_LABEL = {case.label: case for case in LOADS}
 DEFAULT_CASE = "EPMeta: partition reads"

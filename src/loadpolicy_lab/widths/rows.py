@@ -10,7 +10,7 @@ from typing import Any
 from loadpolicy.units import GIB
 from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.bench.contract import LoadMeasurement
-from loadpolicy_lab.widths.cases import DCP_READERS, Reader
+from loadpolicy_lab.widths.cases import DCP_ANY, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement
 from loadpolicy_lab.widths.judge import judge, judge_load
 
@@ -26,6 +26,8 @@ WAY_OF_READER = {
     Reader.PREAD_KEPT: LIMIT_KEPT,
     Reader.DCP: PEER,
     Reader.DCP_EXPERTS: PEER_EXPERTS,
+    Reader.DCP_4_THREADS: "DCP HuggingFaceStorageReader, 4 threads (peer)",
+    Reader.DCP_8_THREADS: "DCP HuggingFaceStorageReader, 8 threads (peer)",
 }
 LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 
@@ -148,6 +150,6 @@ def reader_row(
         peak_gib=peak / GIB,
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
-        checked=min(r["checked"] for r in results) if reader in DCP_READERS else 0,
+        checked=min(r["checked"] for r in results) if reader in DCP_ANY else 0,
         cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
     )

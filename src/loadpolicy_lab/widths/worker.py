@@ -25,7 +25,7 @@ from typing import Any
 from loadpolicy_lab.harness.device import host_rank_device, start_process_group
 from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
-from loadpolicy_lab.widths.cases import DCP_READERS, Reader
+from loadpolicy_lab.widths.cases import DCP_ANY, DCP_THREADS, Reader
 from loadpolicy_lab.widths.contract import ReaderMeasurement, ReaderSpec
 from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, read_spans, share
 
@@ -183,19 +183,20 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     # backend on any machine
     start_process_group(host_rank_device())
     state: dict[str, Any] = {}
-    if spec["reader"] in DCP_READERS:
+    if spec["reader"] in DCP_ANY:
         whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
         state, _ = _dcp_destination(spans, this.world_size, whole_on)
     elif spec["reader"] not in _PREADS:
-        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(map(str, [*DCP_READERS, *_PREADS]))}")
+        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(map(str, [*DCP_ANY, *_PREADS]))}")
     torch.distributed.barrier()
     reset_resident_peak()
     before, io_before = memory_status(), io_counters()
     this.stage(f"read ({spec['reader']})")
     start, cpu_start = time.perf_counter(), time.process_time()
     with PeakSampler() as sampler:
-        if spec["reader"] in DCP_READERS:
-            dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
+        if spec["reader"] in DCP_ANY:
+            threads = DCP_THREADS.get(Reader(spec["reader"]), 1)
+            dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint), thread_count=threads))
             share_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
         else:
             share_bytes = _PREADS[Reader(spec["reader"])](ranges)
