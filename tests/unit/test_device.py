@@ -240,7 +240,7 @@ def test_clocks_and_peaks_wait_for_a_gpu_and_never_touch_cuda_on_the_cpu(monkeyp
 
 # --- the guard: nothing else in the package decides the device or the backend ---------------------------------------
 
-DECIDES = PACKAGE / "harness" / "device.py"
+DECIDES = PACKAGE.parent / "loadpolicy_lab" / "harness" / "device.py"
 UPSTREAM = PACKAGE / "upstream"  # the series' tooling, which runs transformers' own tests
 NEEDLES = ("init_process_group(", "dist_backend=", "use_cpu=True", "use_cpu: true", "InitProcessGroupKwargs(")
 BACKENDS = {"gloo", "nccl"}
@@ -278,11 +278,10 @@ def test_the_guard_lets_prose_and_the_devices_helpers_pass() -> None:
 
 
 def test_only_harness_device_picks_a_device_or_a_backend() -> None:
-    modules = [p for p in sorted(PACKAGE.rglob("*.py")) if p != DECIDES and not p.is_relative_to(UPSTREAM)]
+    src = PACKAGE.parent  # the product and the lab
+    modules = [p for p in sorted(src.rglob("*.py")) if p != DECIDES and not p.is_relative_to(UPSTREAM)]
     assert len(modules) > 50
-    found = {
-        str(path.relative_to(PACKAGE)): hits for path in modules if (hits := _hard_coded(path.read_text("utf-8")))
-    }
+    found = {str(path.relative_to(src)): hits for path in modules if (hits := _hard_coded(path.read_text("utf-8")))}
     assert found == {}
     assert _hard_coded(DECIDES.read_text(encoding="utf-8"))  # the one place, where the guard would see them
 
