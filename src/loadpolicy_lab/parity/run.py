@@ -83,6 +83,8 @@ def run_parity(
         return _outcome(case, start, errors)
     if case.resumed_ranks:
         problems, loss_rel, weight_rel = _resumed_problems(case, spec, trees[case.tree], out, single, results, timeout)
+        if case.checkpoint and not problems:  # what `judge` adds after the training it compares
+            problems += checkpoint_problems(results)
     else:
         problems, loss_rel, weight_rel = judge(case, single, results)
     if not problems:
@@ -192,9 +194,9 @@ def _after_training_problems(
     results: list[TrainedRank],
     timeout: float,
 ) -> list[str]:
-    """What the user does after training: reload a DeepSpeed checkpoint, resume the Trainer, save for the Hub."""
-    problems = checkpoint_problems(results) if case.checkpoint and case.resumed_ranks else []
-    if case.resume and not problems:
+    """What the user does after training in new launches: resume the Trainer, save for the Hub and reload."""
+    problems = []
+    if case.resume:
         problems += _resume_problems(case, spec, trees[case.tree], out, results, timeout)
     if case.export and not problems:
         problems += _export_problems(spec, trees[Tree.STOCK], out / "reload", single, results, timeout)
