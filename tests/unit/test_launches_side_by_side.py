@@ -36,6 +36,32 @@ def test_results_come_back_in_the_order_of_the_jobs_and_no_more_run_at_once_than
     assert ended[-1] == 0  # the long first job ended last: the others did not wait for it
 
 
+def test_jobs_that_wait_run_one_at_a_time_from_the_start_beside_the_others() -> None:
+    lock = threading.Lock()
+    running: set[int] = set()
+    seen: list[frozenset[int]] = []
+
+    def job(index: int, seconds: float) -> int:
+        with lock:
+            running.add(index)
+            seen.append(frozenset(running))
+        time.sleep(seconds)
+        with lock:
+            running.discard(index)
+        return index
+
+    waits = {4, 5}  # last in the order given, yet the first of them starts with the first computing jobs
+    jobs = [lambda i=i: job(i, 0.3 if i in waits else 0.1) for i in range(6)]
+    assert run_all(jobs, 2, lambda index, result: None, waiting=waits) == list(range(6))
+    assert all(len(now - waits) <= 2 and len(now & waits) <= 1 for now in seen)
+    assert any(4 in now and now & {0, 1} for now in seen)  # 4 ran beside the first two, not after them
+    assert any(len(now) == 3 for now in seen)
+    # one worker (a GPU per rank): no lane beside it, every job alone
+    seen.clear()
+    assert run_all(jobs, 1, lambda index, result: None, waiting=waits) == list(range(6))
+    assert all(len(now) == 1 for now in seen)
+
+
 def test_an_error_of_the_harness_starts_nothing_more_and_is_raised() -> None:
     started: list[int] = []
 

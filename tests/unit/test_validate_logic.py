@@ -22,23 +22,45 @@ def test_fast_matrix_covers_every_scenario_on_both_trees_at_two_ranks() -> None:
     assert any(r.launcher is Launcher.ACCELERATE and r.scenario is Scenario.EP_ZERO3 for r in runs)
 
 
-@pytest.mark.parametrize("sweep", [True, False])
-def test_full_matrix_has_two_and_four_ranks_and_accelerate_for_every_zero3_scenario(sweep: bool) -> None:
-    runs = full_matrix(sweep=sweep)
+def test_the_sweep_has_two_and_four_ranks_on_both_trees_and_accelerate_for_every_zero3_scenario() -> None:
+    runs = full_matrix(sweep=True)
     for scenario, spec in SCENARIOS.items():
         for tree in Tree:
-            # the main job runs stock at 2 ranks only (patched runs are judged against its one-process loads)
-            only_two = not sweep and tree is Tree.STOCK
-            assert {
+            torchrun = {
                 r.ranks for r in runs if (r.scenario, r.tree, r.launcher) == (scenario, tree, Launcher.TORCHRUN)
-            } == ({2} if only_two else {2, 4})
+            }
+            assert torchrun == {2, 4}
             accelerate = {
                 r.ranks for r in runs if (r.scenario, r.tree, r.launcher) == (scenario, tree, Launcher.ACCELERATE)
             }
             if scenario in (Scenario.EP_ZERO3, Scenario.COMPOSITE_EP_ZERO3):
-                assert accelerate == ({2} if only_two else {2, 4})
+                assert accelerate == {2, 4}
             else:
                 assert accelerate == ({2} if spec.zero3 else set())
+
+
+def test_the_main_job_runs_each_behaviour_once_where_it_can_differ() -> None:
+    runs = full_matrix()
+    assert set(runs) <= set(full_matrix(sweep=True))
+    patched = {(r.scenario, r.launcher, r.ranks) for r in runs if r.tree is Tree.PATCHED}
+    # every scenario on the patched tree at 2 ranks; at 4 where the width changes what a rank owns and reads
+    assert {s for s, launcher, ranks in patched if (launcher, ranks) == (Launcher.TORCHRUN, 2)} == set(Scenario)
+    at_four = {s for s, launcher, ranks in patched if (launcher, ranks) == (Launcher.TORCHRUN, 4)}
+    assert at_four == {
+        Scenario.EP_ZERO3,
+        Scenario.COMPOSITE_EP_ZERO3,
+        Scenario.EP_ZERO3_DISPATCH,
+        Scenario.MOE_ZERO3,
+    }
+    through_accelerate = {(s, ranks) for s, launcher, ranks in patched if launcher is Launcher.ACCELERATE}
+    assert (Scenario.EP_ZERO3, 4) in through_accelerate
+    assert {s for s, _ in through_accelerate} >= {Scenario.EP_ZERO3, Scenario.EP_ZERO3_DISPATCH, Scenario.DENSE_ZERO3}
+    # the stock tree once per scenario it must fail, and dense ZeRO-3 which it must keep loading
+    stock = [r for r in runs if r.tree is Tree.STOCK]
+    assert all((r.launcher, r.ranks) == (Launcher.TORCHRUN, 2) for r in stock)
+    assert {r.scenario for r in stock} == {s for s, spec in SCENARIOS.items() if spec.stock_fails} | {
+        Scenario.DENSE_ZERO3
+    }
 
 
 def good_ep_result(rank: int) -> dict[str, Any]:

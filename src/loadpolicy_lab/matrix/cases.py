@@ -127,15 +127,24 @@ class Run:
 
 
 EP_UNDER_ZERO3 = (Scenario.EP_ZERO3, Scenario.COMPOSITE_EP_ZERO3)
+# Where the world size changes what each rank owns and reads: experts over EP ranks, partitions read through the
+# checkpoint's conversions. The main job runs these at 4 ranks; the others' loads at 4 only in the sweep.
+WIDTH_DEPENDENT = (*EP_UNDER_ZERO3, Scenario.EP_ZERO3_DISPATCH, Scenario.MOE_ZERO3)
+# What `accelerate launch` changes (its DeepSpeed plugin and process setup) before a ZeRO-3 load: the main job runs it
+# for EP under ZeRO-3 (at 4 ranks too), token dispatch and the dense case; the sweep for every ZeRO-3 scenario
+THROUGH_ACCELERATE = (*EP_UNDER_ZERO3, Scenario.EP_ZERO3_DISPATCH, Scenario.DENSE_ZERO3)
 
 
 def full_matrix(*, sweep: bool = False) -> list[Run]:
-    """torchrun at 2 and 4 ranks everywhere; accelerate launch for every ZeRO-3 scenario, at 4 ranks too for EP.
+    """The sweep: torchrun at 2 and 4 ranks everywhere, on both trees; accelerate launch for every ZeRO-3 scenario,
+    at 4 ranks too for EP under ZeRO-3.
 
-    Without `sweep` (the main job) the stock tree runs at 2 ranks only: a scenario it must fail fails at the
-    `device_map` gate, before any collective, whatever the world size, and every patched run is judged against the
-    stock tree's one-process load of its checkpoint, not against a stock launch of the same width (the sweep runs
-    stock at 4 ranks too)."""
+    Without `sweep` (the main job), each behaviour once where it can differ:
+    - the stock tree at 2 ranks through torchrun, only where it must fail (the bug: the `device_map` gate, before any
+      collective, whatever the launcher and width) and for dense ZeRO-3 (what it must keep doing); every patched
+      run is judged against the stock tree's one-process load of its checkpoint, not against a stock launch;
+    - the patched tree at 2 ranks everywhere, at 4 where the width changes what a rank reads (`WIDTH_DEPENDENT`),
+      and through accelerate launch for `THROUGH_ACCELERATE` (EP under ZeRO-3 at 4 ranks too)."""
     runs: list[Run] = []
     for scenario, spec in SCENARIOS.items():
         for tree in Tree:
@@ -145,7 +154,16 @@ def full_matrix(*, sweep: bool = False) -> list[Run]:
                 runs.extend(Run(scenario, tree, Launcher.ACCELERATE, ranks) for ranks in accelerate_ranks)
     if sweep:
         return runs
-    return [run for run in runs if not (run.tree is Tree.STOCK and run.ranks > 2)]
+    return [run for run in runs if _in_main_job(run)]
+
+
+def _in_main_job(run: Run) -> bool:
+    if run.tree is Tree.STOCK:
+        stock_shows = run.spec.stock_fails or run.scenario is Scenario.DENSE_ZERO3
+        return stock_shows and run.launcher is Launcher.TORCHRUN and run.ranks == 2
+    if run.launcher is Launcher.ACCELERATE:
+        return run.scenario in THROUGH_ACCELERATE and (run.ranks == 2 or run.scenario is Scenario.EP_ZERO3)
+    return run.ranks == 2 or run.scenario in WIDTH_DEPENDENT
 
 
 def fast_matrix() -> list[Run]:

@@ -57,11 +57,13 @@ def validate(
     print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
     work = _launches(runs, cases, bad_inputs, trees, checkpoints, variants, out, timeout)
     started = time.monotonic()
+    first_bad_input = len(runs) + len(cases)
     results = run_all(
         [job for _, job in work],
         jobs,
         lambda index, result: print(_line(work[index][0], result), flush=True),
         stop_every_launch,
+        waiting={first_bad_input + i for i, (case, _) in enumerate(bad_inputs) if case.waits_on_a_bound},
     )
     report = _report(results)
     write_json(report, out / "report.json")
