@@ -140,9 +140,10 @@ def full_matrix(*, sweep: bool = False) -> list[Run]:
     at 4 ranks too for EP under ZeRO-3.
 
     Without `sweep` (the main job), each behaviour once where it can differ:
-    - the stock tree at 2 ranks through torchrun, only where it must fail (the bug: the `device_map` gate, before any
-      collective, whatever the launcher and width) and for dense ZeRO-3 (what it must keep doing); every patched
-      run is judged against the stock tree's one-process load of its checkpoint, not against a stock launch;
+    - the stock tree at 2 ranks through torchrun, for EP under ZeRO-3 (the bug: every scenario stock must fail stops
+      at the same `device_map` gate, before any collective, whatever the launcher and width) and for dense ZeRO-3
+      (what it must keep doing); every patched run is judged against the stock tree's one-process load of its
+      checkpoint, not against a stock launch;
     - the patched tree at 2 ranks everywhere, at 4 where the width changes what a rank reads (`WIDTH_DEPENDENT`),
       and through accelerate launch for `THROUGH_ACCELERATE` (EP under ZeRO-3 at 4 ranks too)."""
     runs: list[Run] = []
@@ -159,8 +160,8 @@ def full_matrix(*, sweep: bool = False) -> list[Run]:
 
 def _in_main_job(run: Run) -> bool:
     if run.tree is Tree.STOCK:
-        stock_shows = run.spec.stock_fails or run.scenario is Scenario.DENSE_ZERO3
-        return stock_shows and run.launcher is Launcher.TORCHRUN and run.ranks == 2
+        shown = run.scenario in (Scenario.EP_ZERO3, Scenario.DENSE_ZERO3)
+        return shown and run.launcher is Launcher.TORCHRUN and run.ranks == 2
     if run.launcher is Launcher.ACCELERATE:
         return run.scenario in THROUGH_ACCELERATE and (run.ranks == 2 or run.scenario is Scenario.EP_ZERO3)
     return run.ranks == 2 or run.scenario in WIDTH_DEPENDENT
