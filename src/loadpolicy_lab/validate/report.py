@@ -40,7 +40,7 @@ def rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
 
 
 # a stock cell of a run the main job leaves to the sweep (stock at 4 ranks)
-NOT_RUN = "not run (the main job runs stock at 2 ranks; `tox -e multigpu -- --sweep --out build/validate-sweep` at 4)"
+NOT_RUN = "not in the main job (`tox -e multigpu -- --sweep --out build/validate-sweep` runs every run)"
 
 
 def render_table(outcomes: list[RunOutcome]) -> str:
