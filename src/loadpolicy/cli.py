@@ -94,11 +94,9 @@ DEV_COMMANDS = (
         "break one behaviour at a time and show which check catches it",
         "loadpolicy_lab.validate.mutants.command",
     ),
+    _LazyCommand("bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy_lab.perf.run"),
     _LazyCommand(
-        "bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy_lab.bench.run"
-    ),
-    _LazyCommand(
-        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy_lab.bench.calibrate"
+        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy_lab.perf.calibrate"
     ),
     _LazyCommand(
         "autoep",
@@ -114,16 +112,14 @@ DEV_COMMANDS = (
         "save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy_lab.save.run"
     ),
     _LazyCommand(
-        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy_lab.widths.run"
+        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy_lab.perf.widths_run"
     ),
     _LazyCommand(
         "widths-rounds",
         "real-width reads and loads, any set of ways and trees, in interleaved rounds",
-        "loadpolicy_lab.widths.rounds",
+        "loadpolicy_lab.perf.rounds",
     ),
-    _LazyCommand(
-        "widths-step", "one training step at real width against one process", "loadpolicy_lab.widths.step_run"
-    ),
+    _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy_lab.perf.step_run"),
     _LazyCommand(
         "gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy_lab.gpu.run"
     ),

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from loadpolicy_lab.bench.contract import LoadMeasurement
-from loadpolicy_lab.bench.run import CASES, _row
 from loadpolicy_lab.models.bench import SMOKE
+from loadpolicy_lab.perf.contract import LoadMeasurement
+from loadpolicy_lab.perf.run import CASES, _row
 
 
 GIB = 1024**3

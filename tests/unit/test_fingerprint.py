@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from loadpolicy_lab.bench import fingerprint as fp  # noqa: E402
+from loadpolicy_lab.perf import fingerprint as fp  # noqa: E402
 
 
 def _tensor() -> object:

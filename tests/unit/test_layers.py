@@ -35,11 +35,10 @@ LAYERS = {
     "matrix": 4,
     "parity": 4,
     "faults": 4,
-    "bench": 5,
+    "perf": 5,  # loads, reads and steps at the bench's sizes and at published widths
     "autoep": 5,
     "throughput": 6,  # builds the bench's models
     "save": 5,  # saves the bench's models and the real-width shapes
-    "widths": 5,  # loads through the bench's worker and cases
     "gpu": 6,
     "plan": 1,  # a pure model of a launch
     "validate": 7,
@@ -54,7 +53,7 @@ def _layer(module: str) -> int:
 
 
 def _imports(path: Path) -> set[str]:
-    """The modules `path` imports from either package, by their name under it (`bench.run`, `policy`)."""
+    """The modules `path` imports from either package, by their name under it (`perf.run`, `policy`)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -142,10 +141,8 @@ def test_no_module_is_over_400_lines() -> None:
 
 
 # A suite: the cases it runs, the contract of what a rank reports, the worker (one rank), the judge and the run
-SUITES = ("matrix", "parity", "faults", "autoep", "bench", "save", "throughput", "widths", "gpu")
+SUITES = ("matrix", "parity", "faults", "autoep", "perf", "save", "throughput", "gpu")
 SUITE_FILES = ("cases.py", "contract.py", "worker.py", "judge.py", "run.py")
-# The real-width run is the load benchmark's cases and worker at published widths, until the two are one suite
-SUITE_IMPORTS_ALLOWED = {("widths", "bench")}
 
 
 def test_every_suite_is_built_alike_with_a_public_judge() -> None:
@@ -172,4 +169,4 @@ def test_no_suite_imports_another() -> None:
             if target.split(".")[0] in SUITES and target.split(".")[0] != here.split(".")[0]
         }
     )
-    assert set(crossing) <= SUITE_IMPORTS_ALLOWED, crossing
+    assert crossing == []

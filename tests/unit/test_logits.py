@@ -1,4 +1,4 @@
-"""The logits judge of loads at real widths (`bench.logits`): on tensors, and on a real tiny MoE's forwards."""
+"""The logits judge of loads at real widths (`perf.logits`): on tensors, and on a real tiny MoE's forwards."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from loadpolicy_lab.bench.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
-from loadpolicy_lab.bench.logits_rank import judge_logits
+from loadpolicy_lab.perf.logits import REFERENCE_NAME, judge, judge_agreement, reference_logits
+from loadpolicy_lab.perf.logits_rank import judge_logits
 
 
 torch = pytest.importorskip("torch")
@@ -127,8 +127,8 @@ def test_a_forward_the_ranks_here_cannot_hold_is_not_judged_and_says_why(tiny_mo
     largest twice, the judge says so instead of the OOM killer ending the launch."""
     import transformers
 
-    from loadpolicy_lab.bench import logits_rank
     from loadpolicy_lab.harness.rank import Rank
+    from loadpolicy_lab.perf import logits_rank
 
     model = transformers.MixtralForCausalLM.from_pretrained(tiny_moe, dtype=torch.bfloat16)
     experts = model.model.layers[0].mlp.experts

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadpolicy_lab.parity.cases import ParityCase, Trainer
+from loadpolicy_lab.perf.rounds import accepted_ways
 from loadpolicy_lab.validate.mutants.checks import EXPORT, UNITS, Check, Target, in_tree
 from loadpolicy_lab.validate.mutants.paths import (
     PROBE_MODULE,
@@ -38,7 +39,6 @@ from loadpolicy_lab.validate.mutants.run import (
 )
 from loadpolicy_lab.validate.mutants.table import ALL_ROWS
 from loadpolicy_lab.validate.mutants.table_check import selection_problems, text_problems
-from loadpolicy_lab.widths.rounds import accepted_ways
 
 
 UNIT_TESTS = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ from loadpolicy.plan.inventory import Inventory, TensorEntry
 from loadpolicy.plan.project import SHAPES, project_inventory
 from loadpolicy.policy import LoadPolicyError, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
-from loadpolicy_lab.bench.calibrate import GIB, CalibrationRow, launch_for_case
+from loadpolicy_lab.perf.calibrate import GIB, CalibrationRow, launch_for_case
 
 
 def launch(
@@ -197,7 +197,7 @@ def test_calibration_row_flags_misses_beyond_20_percent() -> None:
 def test_calibration_scores_the_model_s_own_part_not_the_baseline() -> None:
     """1.5 GiB measured over a 1.0 GiB baseline is 0.5 GiB of the model's own: predicting 0.3 is a 40% miss, which
     adding the baseline to both sides (1.3 / 1.5 = 0.87) would have hidden."""
-    from loadpolicy_lab.bench.calibrate import measured_figures, misses
+    from loadpolicy_lab.perf.calibrate import measured_figures, misses
 
     measured = {
         "baseline_anon_gib": 0.6,
@@ -219,9 +219,9 @@ def test_calibration_scores_the_model_s_own_part_not_the_baseline() -> None:
 
 
 def test_a_third_of_the_full_bench_is_held_out() -> None:
-    from loadpolicy_lab.bench.calibrate import HELD_OUT
-    from loadpolicy_lab.bench.run import CASES, _applies
     from loadpolicy_lab.models.bench import FULL
+    from loadpolicy_lab.perf.calibrate import HELD_OUT
+    from loadpolicy_lab.perf.run import CASES, _applies
 
     cases = {(m.name, c.label, n) for m in FULL for c in CASES if _applies(c, m) for n in (2, 4)}
     assert cases >= HELD_OUT

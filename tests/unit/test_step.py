@@ -1,4 +1,4 @@
-"""The training-step judge at width (`widths.step`): what passes, what fails, and the reference it judges against."""
+"""The training-step judge at width (`perf.step`): what passes, what fails, and the reference it judges against."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from loadpolicy_lab.widths.step import (  # noqa: E402
+from loadpolicy_lab.perf.step import (  # noqa: E402
     LEARNING_RATE,
     SAMPLES,
     judge_step,

@@ -14,13 +14,12 @@ from unittest import mock
 
 import pytest
 
-from loadpolicy_lab.bench.contract import LoadMeasurement
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, with_layers
-from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader
-from loadpolicy_lab.widths.contract import ReaderMeasurement
-from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
-from loadpolicy_lab.widths.report import goals, render_markdown
-from loadpolicy_lab.widths.rows import (
+from loadpolicy_lab.perf.cases import LOADS, PARTITION_READS, Reader
+from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
+from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
+from loadpolicy_lab.perf.report import goals, render_markdown
+from loadpolicy_lab.perf.rows import (
     LIMIT,
     LIMIT_IN_FLIGHT,
     LIMIT_KEPT,
@@ -164,7 +163,7 @@ def test_goals_are_missed_where_a_figure_is_missing() -> None:
 
 
 def test_the_limit_in_flight_reads_a_share_of_many_chunks_and_names_a_short_file(tmp_path: Path) -> None:
-    from loadpolicy_lab.widths import worker
+    from loadpolicy_lab.perf import reader_worker as worker
 
     path = tmp_path / "model.safetensors"
     path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
@@ -219,7 +218,7 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
-    from loadpolicy_lab.widths import worker
+    from loadpolicy_lab.perf import reader_worker as worker
 
     expert = "model.layers.0.mlp.experts.0.w1.weight"
     tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
@@ -257,7 +256,7 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
 
 def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() -> None:
     pytest.importorskip("transformers")
-    from loadpolicy_lab.widths.calibrate import calibrate_widths
+    from loadpolicy_lab.perf.calibrate import calibrate_widths
 
     gib = 3.48
     load = Row("qwen3-30b-a3b", 2, "EPMeta: token dispatch", gib, seconds=3.0, peak_gib=2.11, ideal_gib=gib / 2 + 0.36)
@@ -277,7 +276,7 @@ def test_the_cost_model_is_scored_on_every_passing_load_and_on_nothing_else() ->
 
 
 def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> None:
-    from loadpolicy_lab.widths.run import faster
+    from loadpolicy_lab.perf.widths_run import faster
 
     slow, quick = Row("s", 2, LIMIT, 1.0, seconds=3.1), Row("s", 2, LIMIT, 1.0, seconds=1.3)
     assert faster(slow, quick) is quick
@@ -288,7 +287,7 @@ def test_the_limit_is_the_faster_of_its_two_reads_and_fails_with_either() -> Non
 
 
 def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> None:
-    from loadpolicy_lab.widths.rounds import default_ways, round_order, ways_for
+    from loadpolicy_lab.perf.rounds import default_ways, round_order, ways_for
 
     ways = ways_for(default_ways("EPMeta: partition reads"), ["patched"])
     assert [w.label for w in ways] == ["EPMeta: partition reads, one read at a time", "EPMeta: partition reads", "DCP"]
@@ -300,8 +299,8 @@ def test_rounds_alternate_forward_and_reverse_so_drift_falls_on_every_way() -> N
 
 
 def test_a_patched_load_runs_on_every_tree_given_and_a_stock_load_on_stock() -> None:
-    from loadpolicy_lab.widths.cases import Reader
-    from loadpolicy_lab.widths.rounds import ways_for
+    from loadpolicy_lab.perf.cases import Reader
+    from loadpolicy_lab.perf.rounds import ways_for
 
     ways = ways_for(["EPMeta: token dispatch", "Zero3Init (stock)", "limit, kept"], ["old", "new"])
     assert [(w.label, w.tree) for w in ways] == [
@@ -319,14 +318,14 @@ def test_a_patched_load_runs_on_every_tree_given_and_a_stock_load_on_stock() -> 
 
 def test_an_unknown_way_is_refused_naming_it_and_the_accepted_ones() -> None:
     from loadpolicy.errors import CommandError
-    from loadpolicy_lab.widths.rounds import ways_for
+    from loadpolicy_lab.perf.rounds import ways_for
 
     with pytest.raises(CommandError, match=r"unknown way 'EPMeta: fast'; accepted: limit, limit, in flight, .*DCP"):
         ways_for(["EPMeta: fast"], ["patched"])
 
 
 def test_rounds_report_each_way_over_the_first_and_name_a_failed_launch() -> None:
-    from loadpolicy_lab.widths.rounds import RoundRow, render_rounds
+    from loadpolicy_lab.perf.rounds import RoundRow, render_rounds
 
     def row(seconds: float | None, error: str | None = None, ranks: int = 2) -> Row:
         return Row("mixtral-8x7b", ranks, "x", 3.19, error=error, seconds=seconds)
@@ -427,7 +426,7 @@ def test_a_zero3_load_row_says_when_training_can_start_and_the_peak_through_init
 def test_deepspeed_autoep_is_a_stock_zero3_load_and_runs_where_it_has_a_preset() -> None:
     pytest.importorskip("deepspeed")
     from loadpolicy_lab.harness.launch import Tree
-    from loadpolicy_lab.widths.cases import has_autoep_preset
+    from loadpolicy_lab.perf.cases import has_autoep_preset
 
     autoep = next(case for case in LOADS if case.autoep)
     assert (autoep.tree, autoep.zero3, autoep.moe_only) == (Tree.STOCK, True, True)
@@ -457,9 +456,9 @@ def test_dcp_with_more_threads_reads_every_block_of_every_tensor_at_two_ranks(tm
     from safetensors.torch import save_file
 
     from loadpolicy_lab.harness.launch import launch, read_results
-    from loadpolicy_lab.widths.cases import Reader
-    from loadpolicy_lab.widths.contract import ReaderMeasurement
-    from loadpolicy_lab.widths.judge import judge
+    from loadpolicy_lab.perf.cases import Reader
+    from loadpolicy_lab.perf.contract import ReaderMeasurement
+    from loadpolicy_lab.perf.judge import judge_reader
 
     checkpoint, tree = tmp_path / "checkpoint", tmp_path / "tree"
     checkpoint.mkdir()
@@ -472,7 +471,7 @@ def test_dcp_with_more_threads_reads_every_block_of_every_tensor_at_two_ranks(tm
     spans = read_spans(checkpoint)
     results = read_results(
         launch(
-            "loadpolicy_lab.widths.worker",
+            "loadpolicy_lab.perf.reader_worker",
             {"reader": reader, "checkpoint": str(checkpoint)},
             tree,
             tmp_path / "out",
@@ -482,5 +481,5 @@ def test_dcp_with_more_threads_reads_every_block_of_every_tensor_at_two_ranks(tm
         ReaderMeasurement,
     )
     assert not isinstance(results, str), results
-    assert judge(Reader(reader), results, sum(s.end - s.start for s in spans), len(spans)) == []
+    assert judge_reader(Reader(reader), results, sum(s.end - s.start for s in spans), len(spans)) == []
     assert [r["checked"] for r in results] == [2, 2]

@@ -14,9 +14,9 @@ from pathlib import Path
 from loadpolicy.errors import CommandError
 from loadpolicy_lab.harness.launch import Tree
 from loadpolicy_lab.models.published import SHAPES_BY_NAME, with_layers
-from loadpolicy_lab.widths.rounds import render_rounds, rounds, ways_for
-from loadpolicy_lab.widths.run import MAX_GIB, prepare_checkpoint
-from loadpolicy_lab.widths.step_run import STEP_CASES, STEP_LAYERS, prepare_step, render_markdown, step_once
+from loadpolicy_lab.perf.rounds import render_rounds, rounds, ways_for
+from loadpolicy_lab.perf.step_run import STEP_CASES, STEP_LAYERS, prepare_step, render_markdown, step_once
+from loadpolicy_lab.perf.widths_run import MAX_GIB, prepare_checkpoint
 
 
 # a real-width launch takes minutes on this machine: the table's per-launch bound is for the tiny models
@@ -27,8 +27,8 @@ REAL_WIDTH_TIMEOUT = 900.0
 class RealWidth:
     shape: str
     ranks: int
-    ways: tuple[str, ...] = ()  # one round of these (`widths.rounds` ways)
-    step_case: str | None = None  # or the training step of this load (`widths.step_run.STEP_CASES`)
+    ways: tuple[str, ...] = ()  # one round of these (`perf.rounds` ways)
+    step_case: str | None = None  # or the training step of this load (`perf.step_run.STEP_CASES`)
 
     @property
     def label(self) -> str:

@@ -1,9 +1,9 @@
-"""One rank of a benchmark launch: `python -m loadpolicy_lab.bench.worker SPEC OUT` under torchrun.
+"""One rank of a benchmark launch: `python -m loadpolicy_lab.perf.worker SPEC OUT` under torchrun.
 
 Measures this rank's `from_pretrained`: wall time, peak RSS (anonymous and file-backed), bytes read from storage, the
 bytes it holds afterwards and the baseline RSS just before; then, untimed, checks the loaded values against the
-checkpoint's (`bench.fingerprint`) and, where the spec names a reference, the logits of a forward on a fixed prompt
-against the stock one-process forwards (`bench.logits`). Writes OUT/rank<R>.json (`contract.LoadMeasurement`). The
+checkpoint's (`perf.fingerprint`) and, where the spec names a reference, the logits of a forward on a fixed prompt
+against the stock one-process forwards (`perf.logits`). Writes OUT/rank<R>.json (`contract.LoadMeasurement`). The
 figures' definitions: docs/benchmark.md.
 """
 
@@ -16,9 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement, LogitsFigures
-from loadpolicy_lab.bench.fingerprint import check_loaded
-from loadpolicy_lab.bench.logits_rank import NO_LOGITS, judge_logits
 from loadpolicy_lab.harness.device import (
     DeviceWindow,
     RankDevice,
@@ -30,6 +27,9 @@ from loadpolicy_lab.harness.device import (
 from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.harness.setup import show_zero3, zero3_config
+from loadpolicy_lab.perf.contract import BenchSpec, LoadMeasurement, LogitsFigures
+from loadpolicy_lab.perf.fingerprint import check_loaded
+from loadpolicy_lab.perf.logits_rank import NO_LOGITS, judge_logits
 from loadpolicy_lab.training.autoep import expert_parallel_section
 
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.cases import CASES, Case
-from loadpolicy_lab.bench.contract import BenchSpec, LoadMeasurement
-from loadpolicy_lab.bench.judge import judge
-from loadpolicy_lab.bench.logits import REFERENCE_NAME
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments, launch, read_results, run_bounded, tree_env
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel, build, parameter_count
+from loadpolicy_lab.perf.cases import CASES, Case
+from loadpolicy_lab.perf.contract import BenchSpec, LoadMeasurement
+from loadpolicy_lab.perf.judge import judge
+from loadpolicy_lab.perf.logits import REFERENCE_NAME
 
 
 # glibc's default threshold rises after large frees, and the buffers freed by merging per-expert keys then stay in the
@@ -41,14 +41,14 @@ def _applies(case: Case, model: BenchModel) -> bool:
 def reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
     """The checkpoint's fingerprints from a one-process load on the stock tree, computed once per checkpoint."""
     return one_process(
-        checkpoint, model_class, stock, out / "fingerprints.json", timeout, "loadpolicy_lab.bench.fingerprint"
+        checkpoint, model_class, stock, out / "fingerprints.json", timeout, "loadpolicy_lab.perf.fingerprint"
     )
 
 
 def logits_reference_file(checkpoint: Path, model_class: str, stock: Path, out: Path, timeout: float) -> Path:
-    """The checkpoint's logits on the fixed prompt from one-process forwards on the stock tree (`bench.logits`),
+    """The checkpoint's logits on the fixed prompt from one-process forwards on the stock tree (`perf.logits`),
     computed once per checkpoint."""
-    return one_process(checkpoint, model_class, stock, out / REFERENCE_NAME, timeout, "loadpolicy_lab.bench.logits")
+    return one_process(checkpoint, model_class, stock, out / REFERENCE_NAME, timeout, "loadpolicy_lab.perf.logits")
 
 
 def one_process(checkpoint: Path, model_class: str, stock: Path, path: Path, timeout: float, module: str) -> Path:
@@ -73,7 +73,7 @@ def launch_load(
     if spec["checkpoint"]:
         evict_from_page_cache(Path(spec["checkpoint"]))
     launched = launch(
-        "loadpolicy_lab.bench.worker", spec, tree, out, ranks, timeout, env={**FIXED_MALLOC, **(env or {})}
+        "loadpolicy_lab.perf.worker", spec, tree, out, ranks, timeout, env={**FIXED_MALLOC, **(env or {})}
     )
     return read_results(launched, LoadMeasurement)
 

@@ -1,7 +1,7 @@
 """Whether a loaded model computes the checkpoint's function: its logits on a fixed prompt against the stock tree's
 one-process forwards, at real widths.
 
-The reference comes from one process on the stock tree, once per checkpoint (`python -m loadpolicy_lab.bench.logits`):
+The reference comes from one process on the stock tree, once per checkpoint (`python -m loadpolicy_lab.perf.logits`):
 the logits of a bf16 load, as users run it, and those of a float32 load (the bf16 weights widened exactly), the
 forward the weights define up to float32's rounding. The root mean square of their difference over every logit is
 what bf16 compute itself costs at this width on this prompt: roundings, and the few tokens that take other experts
@@ -11,7 +11,7 @@ forward is of the same size: it must stay within BOUND_FACTOR times the one-proc
 is stable where a maximum is not: a token whose route a rounding flips moves its logits by an expert's share, in the
 sharded forward and in the one-process one alike, but on other tokens. A missing or misplaced expert, a partial sum
 left unreduced or tokens returned to the wrong place move every token they touch by a whole expert's output. Weights
-are judged elsewhere (exactly, by `bench.fingerprint`); this judges the sharded forward that uses them.
+are judged elsewhere (exactly, by `perf.fingerprint`); this judges the sharded forward that uses them.
 """
 
 from __future__ import annotations

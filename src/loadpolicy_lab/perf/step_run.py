@@ -1,5 +1,5 @@
 """`loadpolicy dev widths-step`: one training step at real width, every way of loading under ZeRO-3, against the
-stock tree's one-process step (`widths.step`).
+stock tree's one-process step (`perf.step`).
 
 By default the smallest published shape, cut to STEP_LAYERS layers, at 2 ranks: each rank holds its bf16 partitions,
 their float32 copies and gradients (10 bytes a parameter over the ranks) beside the modules it gathers, and the three
@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.errors import positive_int
-from loadpolicy_lab.bench.cases import Case
-from loadpolicy_lab.bench.run import FIXED_MALLOC, one_process
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build, checkpoint_bytes, with_layers
-from loadpolicy_lab.widths.cases import LOADS
-from loadpolicy_lab.widths.run import MAX_GIB
-from loadpolicy_lab.widths.step import REFERENCE_NAME, StepVerdict, judge_step
-from loadpolicy_lab.widths.step_worker import StepRank, StepSpec
+from loadpolicy_lab.perf.cases import LOADS, Case
+from loadpolicy_lab.perf.run import FIXED_MALLOC, one_process
+from loadpolicy_lab.perf.step import REFERENCE_NAME, StepVerdict, judge_step
+from loadpolicy_lab.perf.step_worker import StepRank, StepSpec
+from loadpolicy_lab.perf.widths_run import MAX_GIB
 
 
 # every way of loading that trains under ZeRO-3; stock zero.Init is the control the bound must pass too
@@ -78,7 +77,7 @@ def step_once(
     where: Path,
     timeout: float,
 ) -> Row:
-    """One launch of `case`'s step, judged against the one-process step at `reference_path` (`widths.step`)."""
+    """One launch of `case`'s step, judged against the one-process step at `reference_path` (`perf.step`)."""
     import torch  # noqa: PLC0415
 
     spec: StepSpec = {
@@ -88,7 +87,7 @@ def step_once(
     }
     start = time.monotonic()
     launched = launch(
-        "loadpolicy_lab.widths.step_worker", spec, trees[case.tree], where, ranks, timeout, env=FIXED_MALLOC
+        "loadpolicy_lab.perf.step_worker", spec, trees[case.tree], where, ranks, timeout, env=FIXED_MALLOC
     )
     results = read_results(launched, StepRank)
     seconds = time.monotonic() - start
@@ -128,7 +127,7 @@ def prepare_step(shape: WidthShape, checkpoints: Path, stock: Path, timeout: flo
     path = build(shape, checkpoints.resolve(), max_gib=MAX_GIB)
     model_class = shape.architecture.model_class
     reference = checkpoints.resolve().parent / "fingerprints" / shape.name / REFERENCE_NAME
-    one_process(path, model_class, stock, reference, timeout, "loadpolicy_lab.widths.step")
+    one_process(path, model_class, stock, reference, timeout, "loadpolicy_lab.perf.step")
     return path, model_class, reference
 
 

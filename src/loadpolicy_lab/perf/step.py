@@ -1,7 +1,7 @@
 """Whether one training step of a sharded load is the step one process takes: its gradients and updated weights
 against the stock tree's one-process step, at real widths, without gathering a parameter.
 
-The reference comes from one process on the stock tree (`python -m loadpolicy_lab.widths.step CKPT CLASS OUT`): the
+The reference comes from one process on the stock tree (`python -m loadpolicy_lab.perf.step CKPT CLASS OUT`): the
 checkpoint loaded in float32 (its bf16 weights widened exactly) takes one SGD step on a fixed batch, and so does a
 bf16 load, as users run it. Every parameter is judged at SAMPLES positions drawn once: the ranks report the positions
 their partitions hold (`step_worker`), each must be held by exactly one rank. A sharded bf16 step rounds as often as

@@ -2,7 +2,7 @@
 
 Each rank sums the elements it holds at their places in the whole tensor; the sums add up over any split and tell
 misplaced values apart. The reference is the stock tree's one-process load
-(`python -m loadpolicy_lab.bench.fingerprint`).
+(`python -m loadpolicy_lab.perf.fingerprint`).
 How and why: docs/benchmark.md ("Every load's values are checked").
 """
 

@@ -1,4 +1,4 @@
-"""One rank's logits judge (`bench.logits`) after a benchmark load: the forward on the fixed prompt, where it fits.
+"""One rank's logits judge (`perf.logits`) after a benchmark load: the forward on the fixed prompt, where it fits.
 
 A ZeRO-3 forward gathers each module's parameters whole on every rank, and the ranks of a launch on one machine
 gather together: at the published widths one experts module is GiBs (Mixtral-8x7B's is 2.6 GiB in bf16). Where the
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.contract import LogitsFigures
-from loadpolicy_lab.bench.logits import forward_logits, judge, judge_agreement, prompt
 from loadpolicy_lab.harness.device import collective_device, host
 from loadpolicy_lab.harness.rank import Rank
+from loadpolicy_lab.perf.contract import LogitsFigures
+from loadpolicy_lab.perf.logits import forward_logits, judge, judge_agreement, prompt
 
 
 NO_LOGITS: LogitsFigures = {

@@ -8,11 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.cases import Case
-from loadpolicy_lab.bench.contract import LoadMeasurement
-from loadpolicy_lab.widths.cases import DCP_ANY, Reader
-from loadpolicy_lab.widths.contract import ReaderMeasurement
-from loadpolicy_lab.widths.judge import judge, judge_load
+from loadpolicy_lab.perf.cases import DCP_ANY, Case, Reader
+from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
+from loadpolicy_lab.perf.judge import judge_load, judge_reader
 
 
 LIMIT = "limit: pread of each rank's share"
@@ -45,7 +43,7 @@ class Row:
     read_rank_gib: float | None = None  # the most one rank read from storage
     checked: int = 0  # parameters (loads) or tensors (DCP) whose values were compared
     # loads, the largest rank's: logits' root mean square from the float32 one-process forward's, and its bound
-    # (`bench.logits`); max |logits - the bf16 one-process logits|
+    # (`perf.logits`); max |logits - the bf16 one-process logits|
     logits_error: float | None = None
     logits_bound: float | None = None
     logits_from_one_process: float | None = None
@@ -140,7 +138,7 @@ def reader_row(
     base = Row(shape, ranks, WAY_OF_READER[reader], total / GIB)
     if isinstance(results, str):
         return replace(base, error=results)
-    problems = judge(reader, results, total, tensors)
+    problems = judge_reader(reader, results, total, tensors)
     if problems:
         return replace(base, error="; ".join(problems)[:400])
     peak, ideal = _worst([(r["peak_total"], total / ranks + r["rss_before"]) for r in results])

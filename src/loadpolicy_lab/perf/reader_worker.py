@@ -1,4 +1,4 @@
-"""One rank of a reader launch beside the real-width loads: `python -m loadpolicy_lab.widths.worker SPEC OUT`.
+"""One rank of a reader launch beside the real-width loads: `python -m loadpolicy_lab.perf.reader_worker SPEC OUT`.
 
 `pread` reads exactly this rank's share (the experts it holds whole, its ZeRO-3 partition of every other tensor:
 `ranges.share`) with plain `preadv`
@@ -25,9 +25,9 @@ from typing import Any
 from loadpolicy_lab.harness.device import host_rank_device, start_process_group
 from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
-from loadpolicy_lab.widths.cases import DCP_ANY, DCP_THREADS, Reader
-from loadpolicy_lab.widths.contract import ReaderMeasurement, ReaderSpec
-from loadpolicy_lab.widths.ranges import TensorSpan, expert_owners, read_spans, share
+from loadpolicy_lab.perf.cases import DCP_ANY, DCP_THREADS, Reader
+from loadpolicy_lab.perf.contract import ReaderMeasurement, ReaderSpec
+from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, read_spans, share
 
 
 BUFFER = 64 << 20

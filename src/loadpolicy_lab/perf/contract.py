@@ -1,4 +1,5 @@
-"""What a benchmark rank reports for one `from_pretrained`: the contract between `worker` and `run`.
+"""What a rank of the performance suite reports: for one `from_pretrained` (`LoadMeasurement`, between `worker` and
+`run`), and for a reader launch (`ReaderMeasurement`, between `reader_worker` and `widths_run`).
 
 Read back with `parity.contract.parse`: a result lacking a field is a failure naming it, never a zero.
 """
@@ -7,7 +8,7 @@ from typing import NotRequired, TypedDict
 
 
 class LogitsFigures(TypedDict):
-    """Where the spec names a logits reference (`bench.logits`), after `deepspeed.initialize`; None where it names
+    """Where the spec names a logits reference (`perf.logits`), after `deepspeed.initialize`; None where it names
     none."""
 
     logits_error: float | None  # root mean square of (logits - the float32 one-process logits)
@@ -15,8 +16,8 @@ class LogitsFigures(TypedDict):
     logits_from_one_process: float | None  # max |logits - the bf16 one-process logits|: 0, the stock forward exactly
     logits_from_rank0: float | None  # root mean square of (logits - rank 0's logits)
     logits_half_the_experts: float | None  # the error of a forward missing half of every layer's experts (reference)
-    logits_problems: list[str]  # the judges' (`bench.logits`): against the reference, against rank 0
-    logits_not_judged: str | None  # why the forward did not run (`bench.logits_rank`): the ranks here lack the memory
+    logits_problems: list[str]  # the judges' (`perf.logits`): against the reference, against rank 0
+    logits_not_judged: str | None  # why the forward did not run (`perf.logits_rank`): the ranks here lack the memory
 
 
 class LoadMeasurement(LogitsFigures):
@@ -55,7 +56,7 @@ class LoadMeasurement(LogitsFigures):
     read_bytes_loading: int
     rchar: int  # bytes this rank's read calls returned while loading (`pread` counts, memory-mapped pages do not)
     owned_bytes: int  # bytes of the parameters and buffers this rank holds
-    fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`bench.fingerprint`)
+    fingerprinted: int  # parameters whose held values were compared with the checkpoint's (`perf.fingerprint`)
     value_problems: list[str]  # those that differ, or that the model and the reference do not share (and the logits)
 
 
@@ -68,8 +69,30 @@ class BenchSpec(TypedDict):
     requested: str | None  # an explicit `load_policy=`
     checkpoint: str
     model_class: str
-    fingerprints: str  # the stock one-process load's fingerprints of the checkpoint (`bench.fingerprint`)
-    logits: str | None  # the stock one-process forwards' logits (`bench.logits`): judged after loading where given
+    fingerprints: str  # the stock one-process load's fingerprints of the checkpoint (`perf.fingerprint`)
+    logits: str | None  # the stock one-process forwards' logits (`perf.logits`): judged after loading where given
     # DeepSpeed AutoEP regroups the experts over every rank in `deepspeed.initialize` (its `expert_parallel` section,
     # the preset named like the checkpoint's model type; stock tree, with `autoep.worker`'s registry shim)
     autoep: bool
+
+
+class ReaderSpec(TypedDict):
+    reader: str  # a `cases.Reader`
+    checkpoint: str
+
+
+class ReaderMeasurement(TypedDict):
+    rank: int
+    reader: str
+    seconds: float  # the read alone, every rank starting together; the slowest rank counts
+    cpu_seconds: NotRequired[float]  # this process's, every thread's, user + system, over the read (not in older runs)
+    share_bytes: int  # bytes of the tensor ranges this rank reads (its ZeRO-3 partition of every tensor)
+    read_bytes: int  # read from storage (/proc/self/io) during the read
+    rss_before: int
+    peak_anon: int
+    peak_file: int
+    peak_total: int
+    # tensors whose bytes this rank compared with a plain read of the file (0 for the pread limit, which keeps none)
+    checked: int
+    value_problems: list[str]
+    held: NotRequired[int]  # DCP: the tensors in this rank's state dict (every one, unless experts are held whole)

@@ -1,12 +1,13 @@
-"""The real-width table, its goals and its plot, from the rows `widths.run` measured: OUT/widths.md, OUT/widths.png."""
+"""The real-width table, its goals and its plot, from the rows `perf.widths_run` measured: OUT/widths.md and
+OUT/widths.png."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from loadpolicy_lab.widths.cases import PARTITION_READS
-from loadpolicy_lab.widths.rows import LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT, LIMITS, PEER, PEER_EXPERTS, Row
+from loadpolicy_lab.perf.cases import PARTITION_READS
+from loadpolicy_lab.perf.rows import LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT, LIMITS, PEER, PEER_EXPERTS, Row
 
 
 def _figure(value: float | None, digits: int = 2) -> str:

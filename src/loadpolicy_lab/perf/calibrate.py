@@ -18,8 +18,9 @@ from loadpolicy.errors import CommandError, missing_extra
 from loadpolicy.plan.cost import Launch, Plan, predict
 from loadpolicy.plan.inventory import Inventory, inventory_from_config
 from loadpolicy.units import GIB
-from loadpolicy_lab.bench.cases import CASES
 from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel
+from loadpolicy_lab.models.published import SHAPES_BY_NAME
+from loadpolicy_lab.perf.cases import CASES, LOADS
 
 
 TOLERANCE = 0.20  # the bound the cost model is held to: predictions within 20% of measurements
@@ -177,3 +178,26 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--bench", type=Path, default=Path("build/bench"), help="the bench's output directory")
     parser.add_argument("--out", type=Path, default=Path("build/plan"))
     parser.set_defaults(handler=_run_calibrate)
+
+
+def calibrate_widths(rows: list[dict[str, Any]]) -> list[CalibrationRow]:
+    """A row per load of `rows` (widths.json) that passed its judge."""
+    cases = {case.label: case for case in LOADS}
+    inventories: dict[str, Any] = {}
+    found = []
+    for row in rows:
+        case = cases.get(row["way"])
+        if case is None or row["error"] or row["peak_gib"] is None:
+            continue
+        shape = SHAPES_BY_NAME[row["shape"]]
+        if shape.name not in inventories:
+            inventories[shape.name] = inventory_from_config(shape.architecture.transformers_config())
+        plan = predict(Launch(case.shape(row["ranks"])), inventories[shape.name])
+        baseline = row["ideal_gib"] - row["checkpoint_gib"] / row["ranks"]
+        predicted = predicted_figures(plan)["peak total"] / GIB
+        found.append(
+            CalibrationRow(
+                shape.name, case.label, row["ranks"], "peak total", predicted, row["peak_gib"] - baseline, True
+            )
+        )
+    return found

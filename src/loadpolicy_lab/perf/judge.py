@@ -1,4 +1,5 @@
-"""The load benchmark's judge: whether a launch is the case it claims to be, with the checkpoint's values.
+"""The performance suite's judges: whether a load is the case it claims to be, with the checkpoint's values (at
+real width too, AutoEP's regrouped experts included), and whether a reader read every byte of the checkpoint once.
 
 Every rank's figures are compared with references the stock tree made (fingerprints, logits), never with the code
 under test; a field a rank did not report fails.
@@ -9,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from loadpolicy.policy import PolicyName
-from loadpolicy_lab.bench.cases import Case
-from loadpolicy_lab.bench.contract import LoadMeasurement
 from loadpolicy_lab.harness.launch import Tree
+from loadpolicy_lab.perf.cases import DCP_ANY, Case, Reader
+from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
 
 
 def judge(case: Case, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
@@ -50,4 +51,32 @@ def judge(case: Case, results: list[LoadMeasurement], tree: Path, expected_param
         problems += [
             f"rank {r['rank']}: {r['unpartitioned']} parameters not partitioned" for r in results if r["unpartitioned"]
         ]
+    return problems
+
+
+def judge_load(case: Case, results: list[LoadMeasurement], tree: Path, parameters: int) -> list[str]:
+    """A load at real width: the benchmark's judge, and AutoEP's forward judged (its fingerprints saw the experts
+    before AutoEP regrouped them)."""
+    problems = judge(case, results, tree, parameters)
+    if not problems and case.autoep and results[0]["logits_not_judged"]:
+        problems.append(f"AutoEP's regrouped experts not judged: {results[0]['logits_not_judged']}")
+    return problems
+
+
+def judge_reader(reader: Reader, results: list[ReaderMeasurement], total: int, tensors: int) -> list[str]:
+    """A reader's launch: every byte of the checkpoint (`total` bytes, `tensors` tensors) read exactly once over the
+    ranks; DCP's blocks equal to the file's."""
+    problems = []
+    if sum(r["share_bytes"] for r in results) != total:
+        problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
+    if reader in DCP_ANY:
+        # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
+        # the ranks is the check above)
+        held = [r.get("held", tensors) if reader is Reader.DCP_EXPERTS else tensors for r in results]
+        problems += [
+            f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
+            for r, expected in zip(results, held, strict=True)
+            if r["checked"] != expected
+        ]
+        problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
     return problems

@@ -2,7 +2,7 @@
 
 A single run on this disk says little: the same read took 1.3 s and 3.1 s minutes apart. Here each shape at each rank
 count is read every way asked for, round after round, every launch from a cold page cache, in forward then reverse
-order (A B C, C B A, ...) so that drift within the run falls on every way alike. A way is a load (a `widths.cases`
+order (A B C, C B A, ...) so that drift within the run falls on every way alike. A way is a load (a `perf.cases`
 label, optionally with ", one read at a time": `HF_DEACTIVATE_ASYNC_LOAD=1`), the read limit or torch DCP's reader;
 with `--trees`, each load of the patched tree runs on every tree given (a series against the one before it). Every
 launch is judged as `dev widths` judges it (values against the stock one-process load's fingerprints, logits within
@@ -22,13 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadpolicy.errors import CommandError, positive_int
-from loadpolicy_lab.bench.cases import Case
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.published import SHAPES_BY_NAME
-from loadpolicy_lab.widths.cases import LOADS, PARTITION_READS, Reader, has_autoep_preset
-from loadpolicy_lab.widths.rows import Row
-from loadpolicy_lab.widths.run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
+from loadpolicy_lab.perf.cases import LOADS, PARTITION_READS, Case, Reader, has_autoep_preset
+from loadpolicy_lab.perf.rows import Row
+from loadpolicy_lab.perf.widths_run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
 
 
 # transformers' switch for sequential loading, which the patched partition reads follow

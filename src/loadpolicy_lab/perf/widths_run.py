@@ -1,7 +1,7 @@
 """`loadpolicy dev widths`: published MoE shapes at full width, each read every way in the same run.
 
 Per shape and rank count, from a cold page cache each time: the limit (every rank reading exactly its share with plain
-`preadv`), each transformers load (`bench.worker`: time, peaks, values against the stock one-process load) and torch
+`preadv`), each transformers load (`perf.worker`: time, peaks, values against the stock one-process load) and torch
 DCP's `HuggingFaceStorageReader`. A load or read whose values are not the checkpoint's, or whose launch fails, fails
 the command; the goals (partition reads within 1.5x the limit, peak <= 1.05x (T/W + baseline)) are reported, not
 enforced. Writes OUT/widths.md, OUT/widths.json and OUT/widths.png; docs/benchmark.md ("Real widths").
@@ -16,10 +16,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadpolicy.errors import positive_int
-from loadpolicy_lab.bench.calibrate import render_calibration
-from loadpolicy_lab.bench.cases import Case
-from loadpolicy_lab.bench.contract import LoadMeasurement
-from loadpolicy_lab.bench.run import launch_load, logits_reference_file, reference_file
 from loadpolicy_lab.harness.launch import (
     Launched,
     Tree,
@@ -32,12 +28,13 @@ from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
 from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build
-from loadpolicy_lab.widths.calibrate import calibrate_widths
-from loadpolicy_lab.widths.cases import DCP_READERS, LOADS, Reader, has_autoep_preset
-from loadpolicy_lab.widths.contract import ReaderMeasurement, ReaderSpec
-from loadpolicy_lab.widths.ranges import read_spans
-from loadpolicy_lab.widths.report import plot, render_markdown
-from loadpolicy_lab.widths.rows import Row, load_row, reader_row
+from loadpolicy_lab.perf.calibrate import calibrate_widths, render_calibration
+from loadpolicy_lab.perf.cases import DCP_READERS, LOADS, Case, Reader, has_autoep_preset
+from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement, ReaderSpec
+from loadpolicy_lab.perf.ranges import read_spans
+from loadpolicy_lab.perf.report import plot, render_markdown
+from loadpolicy_lab.perf.rows import Row, load_row, reader_row
+from loadpolicy_lab.perf.run import launch_load, logits_reference_file, reference_file
 
 
 # the size guard: a checkpoint larger than this (GiB) is refused
@@ -49,7 +46,9 @@ def read_cold(
 ) -> list[ReaderMeasurement] | str:
     evict_from_page_cache(checkpoint)
     spec: ReaderSpec = {"reader": str(reader), "checkpoint": str(checkpoint)}
-    return read_results(launch("loadpolicy_lab.widths.worker", spec, tree, out, ranks, timeout), ReaderMeasurement)
+    return read_results(
+        launch("loadpolicy_lab.perf.reader_worker", spec, tree, out, ranks, timeout), ReaderMeasurement
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +59,7 @@ class Checkpoint:
     tensors: int
     reference: Path  # the stock one-process load's fingerprints
     parameters: int
-    logits: Path | None = None  # the stock one-process forwards' logits (`bench.logits`): every load's judged
+    logits: Path | None = None  # the stock one-process forwards' logits (`perf.logits`): every load's judged
 
 
 def read_once(

@@ -1,7 +1,7 @@
-"""One rank of a training step at real width: `python -m loadpolicy_lab.widths.step_worker SPEC OUT` under torchrun.
+"""One rank of a training step at real width: `python -m loadpolicy_lab.perf.step_worker SPEC OUT` under torchrun.
 
 Loads the checkpoint as the benchmark's case does (bf16), wraps it with `deepspeed.initialize` (ZeRO-3, bf16, plain
-SGD), takes one step on its micro-batch of the fixed batch (`widths.step`), and reports the gradient (before the step)
+SGD), takes one step on its micro-batch of the fixed batch (`perf.step`), and reports the gradient (before the step)
 and the float32 weight (after it) at the reference's positions that its ZeRO-3 partitions hold: no gather.
 Writes OUT/rank<R>.json (`StepRank`).
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from loadpolicy_lab.bench.contract import BenchSpec
 from loadpolicy_lab.harness.device import host, start_deepspeed_distributed, to_device
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.harness.setup import show_zero3, zero3_config
+from loadpolicy_lab.perf.contract import BenchSpec
 
 
 class StepSpec(BenchSpec):
-    step_reference: str  # the one-process step (`widths.step`), whose positions every rank reports
+    step_reference: str  # the one-process step (`perf.step`), whose positions every rank reports
     replicas: int  # data-parallel replicas, each with its own micro-batch
 
 
@@ -47,7 +47,7 @@ def _held(params: dict[str, Any], chosen: dict[str, Any], local: Any) -> dict[st
     """`local(param)` (a tensor laid out as the parameter's ZeRO-3 partition) at the chosen positions it holds."""
     import torch  # noqa: PLC0415
 
-    from loadpolicy_lab.bench.fingerprint import partition_place  # noqa: PLC0415
+    from loadpolicy_lab.perf.fingerprint import partition_place  # noqa: PLC0415
 
     held: dict[str, dict[str, Any]] = {}
     for name, param in params.items():
@@ -71,8 +71,8 @@ def _step(this: Rank, spec: StepSpec) -> StepRank:
     import transformers  # noqa: PLC0415
     from deepspeed.utils import safe_get_local_fp32_param, safe_get_local_grad  # noqa: PLC0415
 
-    from loadpolicy_lab.bench.worker import load  # noqa: PLC0415
-    from loadpolicy_lab.widths.step import LEARNING_RATE, batch, rows_of  # noqa: PLC0415
+    from loadpolicy_lab.perf.step import LEARNING_RATE, batch, rows_of  # noqa: PLC0415
+    from loadpolicy_lab.perf.worker import load  # noqa: PLC0415
 
     reference = torch.load(spec["step_reference"], weights_only=True)
     config = transformers.AutoConfig.from_pretrained(spec["checkpoint"])

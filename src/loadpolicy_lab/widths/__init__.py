@@ -1,1 +1,0 @@
-"""Real widths: published MoE shapes in Hub layout, loaded beside the cold-read limit and a peer reader."""
