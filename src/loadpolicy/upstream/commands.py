@@ -15,6 +15,7 @@ from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.series_check import check_series
+from loadpolicy.upstream.size_table import read_positions, size_problems, sizes_by_pr, table_rows, with_counted_sizes
 from loadpolicy.upstream.stack import check_prefixes, run_series_tests
 from loadpolicy.upstream.stack_record import (
     require_current_record,
@@ -85,6 +86,12 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     test.set_defaults(handler=_test)
 
     sizes = series.add_parser("sizes", help="each PR's patches and the lines it adds to src/ and tests/, as a table")
+    sizes.add_argument(
+        "--docs",
+        type=Path,
+        metavar="DIR",
+        help="write the counts into DIR/README.md's PR tables (docs/upstream), then name what still differs",
+    )
     _common(sizes)
     sizes.set_defaults(handler=_sizes)
 
@@ -160,6 +167,8 @@ def _stack(args: argparse.Namespace) -> str:
 
 
 def _sizes(args: argparse.Namespace) -> str:
+    if args.docs is not None:
+        return _write_sizes(args.docs, args.patches)
     lines = ["| group | patches | src +/- | tests + | applies alone |", "|---|---:|---:|---:|---|"]
     lines += [
         f"| {g.label} | {g.patches} | +{g.source_added} / -{g.source_removed} | +{g.tests_added} | "
@@ -167,6 +176,18 @@ def _sizes(args: argparse.Namespace) -> str:
         for g in group_sizes(read_series(args.patches))
     ]
     return "\n".join(lines)
+
+
+def _write_sizes(docs: Path, patches: Path) -> str:
+    page = docs / "README.md"
+    where, sizes = read_positions(docs / "names.md"), sizes_by_pr(patches)
+    text = page.read_text(encoding="utf-8")
+    counted = with_counted_sizes(text, where, sizes)
+    if counted != text:
+        page.write_text(counted, encoding="utf-8")
+    if problems := size_problems(table_rows(counted), where, sizes):
+        raise UpstreamError(f"{page}: rows the counts cannot fix:\n" + "\n".join(f"  {p}" for p in problems))
+    return f"{page}: every PR table row has its patches' sizes" + (" (rewritten)" if counted != text else "")
 
 
 def _sync_policy(args: argparse.Namespace) -> str:
