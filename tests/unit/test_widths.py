@@ -17,7 +17,7 @@ import pytest
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, with_layers
 from loadpolicy_lab.perf.cases import LOADS, PARTITION_READS, Reader
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
-from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, partition_range, read_spans, share
+from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, partition_range, read_spans, share, whole_owners
 from loadpolicy_lab.perf.report import goals, render_markdown
 from loadpolicy_lab.perf.rows import (
     LIMIT,
@@ -483,3 +483,70 @@ def test_dcp_with_more_threads_reads_every_block_of_every_tensor_at_two_ranks(tm
     assert not isinstance(results, str), results
     assert judge_reader(Reader(reader), results, sum(s.end - s.start for s in spans), len(spans)) == []
     assert [r["checked"] for r in results] == [2, 2]
+
+
+def test_whole_tensors_go_to_the_expert_owner_and_the_rest_balance_the_bytes() -> None:
+    def span(name: str, size: int, at: int) -> TensorSpan:
+        return TensorSpan(Path("m.safetensors"), name, "BF16", (size // 2,), at, at + size)
+
+    experts = [span(f"model.layers.0.mlp.experts.{e}.w1.weight", 100, 100 * e) for e in range(4)]
+    rest = [span("embed", 300, 400), span("head", 250, 700), span("norm", 10, 950), span("q", 60, 960)]
+    owners = whole_owners(experts + rest, 2)
+    assert {name: owners[name] for name in [s.name for s in experts]} == expert_owners(experts, 2)
+    assert set(owners) == {s.name for s in experts + rest}  # every tensor read once over the ranks
+    load = [sum(s.end - s.start for s in experts + rest if owners[s.name] == r) for r in (0, 1)]
+    assert abs(load[0] - load[1]) <= 60  # largest first to the lighter rank: within the smallest tensor's bytes
+    assert whole_owners(experts + rest, 1) == dict.fromkeys(owners, 0)
+
+
+def test_run_ai_streams_each_rank_s_whole_tensors_and_they_are_checked_against_the_file(tmp_path: Path) -> None:
+    """Run:ai Model Streamer for real on a two-file checkpoint: over two ranks every tensor once, equal to the file,
+    and a changed tensor reported."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("runai_model_streamer")
+    from safetensors.torch import save_file
+
+    from loadpolicy_lab.perf import reader_worker as worker
+
+    expert = "model.layers.0.mlp.experts.0.w1.weight"
+    tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
+    tensors[expert] = torch.randn(4, 2).to(torch.bfloat16)
+    save_file({"a": tensors["a"], expert: tensors[expert]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    spans = read_spans(tmp_path)
+    held = [worker._stream_whole(spans, rank, 2) for rank in (0, 1)]
+    assert sorted(name for state in held for name in state) == sorted(tensors)
+    for state in held:
+        assert all(torch.equal(tensor, tensors[name]) for name, tensor in state.items())
+        assert worker._compare_with_file(state, spans) == (len(state), [])
+    rank = next(r for r, state in enumerate(held) if "b" in state)
+    held[rank]["b"][2] += 1
+    assert worker._compare_with_file(held[rank], spans)[1] == ["b: differs from the file's"]
+
+
+def test_a_whole_tensor_reader_must_compare_every_tensor_it_holds() -> None:
+    from loadpolicy_lab.perf.judge import judge_reader
+
+    def measured(rank: int, share: int, held: int, checked: int) -> ReaderMeasurement:
+        return {
+            "rank": rank,
+            "reader": "runai",
+            "seconds": 1.0,
+            "share_bytes": share,
+            "read_bytes": share,
+            "rss_before": 0,
+            "peak_anon": 0,
+            "peak_file": 0,
+            "peak_total": 0,
+            "checked": checked,
+            "value_problems": [],
+            "held": held,
+        }
+
+    assert judge_reader(Reader.RUNAI, [measured(0, 60, 2, 2), measured(1, 40, 1, 1)], 100, 3) == []
+    assert judge_reader(Reader.RUNAI, [measured(0, 60, 2, 1), measured(1, 40, 1, 1)], 100, 3) == [
+        "rank 0 compared 1 of 2 tensors"
+    ]
+    assert judge_reader(Reader.RUNAI, [measured(0, 60, 2, 2), measured(1, 30, 1, 1)], 100, 3) == [
+        "the ranks read 90 bytes of the checkpoint's 100"
+    ]

@@ -85,15 +85,7 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _common(test)
     test.set_defaults(handler=_test)
 
-    sizes = series.add_parser("sizes", help="each PR's patches and the lines it adds to src/ and tests/, as a table")
-    sizes.add_argument(
-        "--docs",
-        type=Path,
-        metavar="DIR",
-        help="write the counts into DIR/README.md's PR tables (docs/upstream), then name what still differs",
-    )
-    _common(sizes)
-    sizes.set_defaults(handler=_sizes)
+    _add_sizes_parser(series)
 
     sync = series.add_parser("sync-policy", help="write the generated policy module into a checkout")
     sync.add_argument("tree", type=Path)
@@ -164,6 +156,18 @@ def _stack(args: argparse.Namespace) -> str:
         return "\n".join(lines)
     write_record(args.write_record, series, digest, lines)
     return "\n".join([*lines, f"wrote {args.write_record} (series sha256 {digest})"])
+
+
+def _add_sizes_parser(series: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sizes = series.add_parser("sizes", help="each PR's patches and the lines it adds to src/ and tests/, as a table")
+    sizes.add_argument(
+        "--docs",
+        type=Path,
+        metavar="DIR",
+        help="write the counts into DIR/README.md's PR tables (docs/upstream), then name what still differs",
+    )
+    _common(sizes)
+    sizes.set_defaults(handler=_sizes)
 
 
 def _sizes(args: argparse.Namespace) -> str:

@@ -91,12 +91,18 @@ class Reader(enum.StrEnum):
     # 1 by default): its best documented setting is the one that reads fastest on the disk at hand
     DCP_4_THREADS = "dcp-4-threads"
     DCP_8_THREADS = "dcp-8-threads"
+    # Run:ai Model Streamer (`SafetensorsStreamer`, its default concurrency and memory limit, owned tensors): it reads
+    # whole tensors only, so each rank streams whole the tensors `ranges.whole_owners` gives it (the experts where EP
+    # puts them, the rest balanced by bytes): about the bytes of a partition load, in another cut
+    RUNAI = "runai"
 
 
 # the peers `dev widths` reads beside the loads, and every way DCP can read (`widths-rounds --ways`)
 DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
 DCP_ANY = (*DCP_READERS, Reader.DCP_4_THREADS, Reader.DCP_8_THREADS)
 DCP_THREADS = {Reader.DCP_4_THREADS: 4, Reader.DCP_8_THREADS: 8}
+# the readers that hold what they read, each rank's tensors compared with the file's bytes afterwards
+HOLDING_READERS = (*DCP_ANY, Reader.RUNAI)
 
 
 _BY_LABEL = {case.label: case for case in CASES}

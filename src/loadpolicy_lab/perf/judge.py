@@ -11,7 +11,7 @@ from pathlib import Path
 
 from loadpolicy.policy import PolicyName
 from loadpolicy_lab.harness.launch import Tree
-from loadpolicy_lab.perf.cases import DCP_ANY, Case, Reader
+from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
 
 
@@ -69,10 +69,11 @@ def judge_reader(reader: Reader, results: list[ReaderMeasurement], total: int, t
     problems = []
     if sum(r["share_bytes"] for r in results) != total:
         problems.append(f"the ranks read {sum(r['share_bytes'] for r in results)} bytes of the checkpoint's {total}")
-    if reader in DCP_ANY:
-        # rows: every rank holds a block of every tensor; experts whole: the tensors it holds (every byte once over
+    if reader in HOLDING_READERS:
+        # rows: every rank holds a block of every tensor; tensors whole: the tensors it holds (every byte once over
         # the ranks is the check above)
-        held = [r.get("held", tensors) if reader is Reader.DCP_EXPERTS else tensors for r in results]
+        whole = reader in (Reader.DCP_EXPERTS, Reader.RUNAI)
+        held = [r.get("held", tensors) if whole else tensors for r in results]
         problems += [
             f"rank {r['rank']} compared {r['checked']} of {expected} tensors"
             for r, expected in zip(results, held, strict=True)

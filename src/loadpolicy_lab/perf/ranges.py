@@ -76,6 +76,24 @@ def expert_owners(spans: list[TensorSpan], world: int) -> dict[str, int]:
     return owners
 
 
+def whole_owners(spans: list[TensorSpan], world: int) -> dict[str, int]:
+    """The rank that reads each tensor whole, for a reader that cannot read part of one: the experts where expert
+    parallelism puts them (`expert_owners`), every other tensor to the rank with the fewest bytes so far, largest
+    first (ties to the lower rank), so that every rank reads about as many bytes as its share of a partition load."""
+    owners = expert_owners(spans, world)
+    load = [0] * world
+    for span in spans:
+        if span.name in owners:
+            load[owners[span.name]] += span.end - span.start
+    for span in sorted(
+        (s for s in spans if s.name not in owners), key=lambda s: (s.start - s.end, str(s.file), s.name)
+    ):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owners[span.name] = rank
+        load[rank] += span.end - span.start
+    return owners
+
+
 def share(spans: list[TensorSpan], rank: int, world: int) -> list[tuple[Path, int, int]]:
     """This rank's `(file, start, end)` ranges, adjacent ones merged (the reads a partition reader could issue): the
     whole tensors of the experts it holds (`expert_owners`), and its ZeRO-3 partition of every other tensor."""

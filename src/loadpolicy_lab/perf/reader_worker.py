@@ -7,7 +7,8 @@ share in chunks, several `preadv` in flight, as the patched partition reads do: 
 that keeps that many requests in flight. `pread-kept` reads them so into fresh anonymous memory, one mapping per
 chunk, all kept until the share is read: what any load pays at least, the disk and the pages it fills. `dcp` is the
 peer: torch DCP's `HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows
-over the world, its bytes then compared with a plain read of the file. Writes OUT/rank<R>.json
+over the world, its bytes then compared with a plain read of the file; `runai`, Run:ai Model Streamer, reads whole
+tensors only: each rank the ones `ranges.whole_owners` gives it, compared alike. Writes OUT/rank<R>.json
 (`contract.ReaderMeasurement`).
 """
 
@@ -27,7 +28,7 @@ from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_statu
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.perf.cases import DCP_ANY, DCP_THREADS, Reader
 from loadpolicy_lab.perf.contract import ReaderMeasurement, ReaderSpec
-from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, read_spans, share
+from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, read_spans, share, whole_owners
 
 
 BUFFER = 64 << 20
@@ -161,6 +162,26 @@ def _read(file: Path, start: int, size: int) -> bytes:
     return data
 
 
+def _stream_whole(spans: list[TensorSpan], rank: int, world: int) -> dict[str, Any]:
+    """The tensors `ranges.whole_owners` gives this rank, read whole by Run:ai Model Streamer into tensors it owns
+    (kept, as a load keeps what it reads)."""
+    try:
+        from runai_model_streamer import SafetensorsStreamer  # noqa: PLC0415  # optional: a peer reader
+    except ImportError as error:
+        raise RuntimeError(
+            "the runai reader needs runai-model-streamer (pip install runai-model-streamer==0.17.1; tox -e lab has it)"
+        ) from error
+    owners = whole_owners(spans, world)
+    mine = [span for span in spans if owners[span.name] == rank]
+    if not mine:
+        return {}
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(
+            sorted({str(span.file) for span in mine}), tensor_names=[span.name for span in mine], owned=True
+        )
+        return dict(streamer.get_tensors())
+
+
 # keyed by the readers (string enums): a spec's plain string finds its entry
 _PREADS = {Reader.PREAD: _pread, Reader.PREAD_IN_FLIGHT: _pread_in_flight, Reader.PREAD_KEPT: _pread_kept}
 
@@ -186,8 +207,9 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     if spec["reader"] in DCP_ANY:
         whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
         state, _ = _dcp_destination(spans, this.world_size, whole_on)
-    elif spec["reader"] not in _PREADS:
-        raise ValueError(f"reader {spec['reader']!r} is not one of {sorted(map(str, [*DCP_ANY, *_PREADS]))}")
+    elif spec["reader"] not in (*_PREADS, Reader.RUNAI):
+        accepted = sorted(map(str, [*DCP_ANY, *_PREADS, Reader.RUNAI]))
+        raise ValueError(f"reader {spec['reader']!r} is not one of {accepted}")
     torch.distributed.barrier()
     reset_resident_peak()
     before, io_before = memory_status(), io_counters()
@@ -198,6 +220,9 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
             threads = DCP_THREADS.get(Reader(spec["reader"]), 1)
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint), thread_count=threads))
             share_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
+        elif spec["reader"] == Reader.RUNAI:
+            state = _stream_whole(spans, this.rank, this.world_size)
+            share_bytes = sum(t.numel() * t.element_size() for t in state.values())
         else:
             share_bytes = _PREADS[Reader(spec["reader"])](ranges)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start

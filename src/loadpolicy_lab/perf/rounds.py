@@ -41,6 +41,7 @@ READERS = {
     "DCP, experts whole": Reader.DCP_EXPERTS,
     "DCP, 4 threads": Reader.DCP_4_THREADS,
     "DCP, 8 threads": Reader.DCP_8_THREADS,
+    "Run:ai streamer": Reader.RUNAI,
 }
 LOADS_BY_LABEL = {case.label: case for case in LOADS}
 DEFAULT_CASE = "EPMeta: partition reads"

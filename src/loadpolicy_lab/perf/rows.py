@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loadpolicy.units import GIB
-from loadpolicy_lab.perf.cases import DCP_ANY, Case, Reader
+from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
 from loadpolicy_lab.perf.judge import judge_load, judge_reader
 
@@ -26,6 +26,7 @@ WAY_OF_READER = {
     Reader.DCP_EXPERTS: PEER_EXPERTS,
     Reader.DCP_4_THREADS: "DCP HuggingFaceStorageReader, 4 threads (peer)",
     Reader.DCP_8_THREADS: "DCP HuggingFaceStorageReader, 8 threads (peer)",
+    Reader.RUNAI: "Run:ai Model Streamer, tensors whole (peer)",
 }
 LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 
@@ -148,6 +149,6 @@ def reader_row(
         peak_gib=peak / GIB,
         ideal_gib=ideal / GIB,
         read_rank_gib=max(r["read_bytes"] for r in results) / GIB,
-        checked=min(r["checked"] for r in results) if reader in DCP_ANY else 0,
+        checked=min(r["checked"] for r in results) if reader in HOLDING_READERS else 0,
         cpu_seconds=_total([r.get("cpu_seconds") for r in results]),
     )
