@@ -109,7 +109,7 @@ DEV_COMMANDS = (
         "loadpolicy_lab.throughput.run",
     ),
     _LazyCommand(
-        "save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy_lab.save.run"
+        "save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy_lab.perf.save_run"
     ),
     _LazyCommand(
         "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy_lab.perf.widths_run"

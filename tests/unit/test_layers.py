@@ -35,10 +35,9 @@ LAYERS = {
     "matrix": 4,
     "parity": 4,
     "faults": 4,
-    "perf": 5,  # loads, reads and steps at the bench's sizes and at published widths
+    "perf": 5,  # loads, reads, saves and steps at the bench's sizes and at published widths
     "autoep": 5,
     "throughput": 6,  # builds the bench's models
-    "save": 5,  # saves the bench's models and the real-width shapes
     "gpu": 6,
     "plan": 1,  # a pure model of a launch
     "validate": 7,
@@ -141,7 +140,7 @@ def test_no_module_is_over_400_lines() -> None:
 
 
 # A suite: the cases it runs, the contract of what a rank reports, the worker (one rank), the judge and the run
-SUITES = ("matrix", "parity", "faults", "autoep", "perf", "save", "throughput", "gpu")
+SUITES = ("matrix", "parity", "faults", "autoep", "perf", "throughput", "gpu")
 SUITE_FILES = ("cases.py", "contract.py", "worker.py", "judge.py", "run.py")
 
 

@@ -1,7 +1,7 @@
 """The performance suite's cases: each way of loading (`Case`: the policy and loading branch its ranks must report,
-and what makes a launch not that case), and the ways a real-width checkpoint is read without transformers (`Reader`):
-the cold-read limits and the peer readers. `CASES` are the benchmark's loads at its sizes, `LOADS` the loads of a
-real-width run."""
+and what makes a launch not that case); the ways a real-width checkpoint is read without transformers (`Reader`: the
+cold-read limits and the peer readers); and the ways a loaded model is saved (`SaveWay`). `CASES` are the
+benchmark's loads at its sizes, `LOADS` the loads of a real-width run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from loadpolicy.policy import LoadingBranch, PolicyName
 from loadpolicy.shape import EPLayout, LaunchShape
 from loadpolicy_lab.harness.launch import Tree
+from loadpolicy_lab.models.bench import BenchModel
 from loadpolicy_lab.perf.contract import BenchSpec
 
 
@@ -133,3 +134,30 @@ def has_autoep_preset(model_type: str) -> bool:
 
 # the loads held to the goals (within 1.5x the limit, peak <= 1.05x (T/W + baseline)): those that read partitions
 PARTITION_READS = frozenset(case.label for case in LOADS if case.branch is LoadingBranch.ZERO3_READ_PARTITIONS)
+
+
+class SaveWay(enum.StrEnum):
+    """The save benchmark's ways of writing a loaded ZeRO-3 model (`save_run`)."""
+
+    # `save_pretrained` on every rank: each writes its own partitions (the patched tree's saving branch)
+    PARTITIONS = "partitions"
+    # every parameter gathered to rank 0, which writes the files (`save_pretrained(state_dict=...)`)
+    GATHERED = "gathered"
+    # DeepSpeed's own 16-bit consolidation (`engine.save_16bit_model`): DeepSpeed's names, one file
+    DEEPSPEED_16BIT = "deepspeed_16bit"
+    # each rank writes as many bytes as its partitions hold with plain `pwrite`, then `fsync`: the physical limit
+    WRITE_LIMIT = "write_limit"
+
+    @property
+    def value_checked(self) -> bool:
+        """Whether the files are compared with the checkpoint: DeepSpeed's are in its own layout (merged experts,
+        and under EP one rank's shard under the full tensor's name), the limit writes no checkpoint."""
+        return self in (SaveWay.PARTITIONS, SaveWay.GATHERED)
+
+
+def save_shape(model: BenchModel, ranks: int) -> LaunchShape:
+    """MoE models load with EP over every rank (EPMeta), dense ones with dense ZeRO-3 (Zero3Init); both read and write
+    partitions on the patched tree."""
+    if model.moe:
+        return LaunchShape.experts_over(ranks, ranks, zero3=True)
+    return LaunchShape(ranks, zero3=True)

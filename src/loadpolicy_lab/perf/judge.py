@@ -1,5 +1,6 @@
 """The performance suite's judges: whether a load is the case it claims to be, with the checkpoint's values (at
-real width too, AutoEP's regrouped experts included), and whether a reader read every byte of the checkpoint once.
+real width too, AutoEP's regrouped experts included), whether a reader read every byte of the checkpoint once, and
+whether a save wrote the checkpoint's tensors.
 
 Every rank's figures are compared with references the stock tree made (fingerprints, logits), never with the code
 under test; a field a rank did not report fails.
@@ -11,8 +12,8 @@ from pathlib import Path
 
 from loadpolicy.policy import PolicyName
 from loadpolicy_lab.harness.launch import Tree
-from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader
-from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
+from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader, SaveWay
+from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement, SaveMeasurement
 
 
 def judge(case: Case, results: list[LoadMeasurement], tree: Path, expected_parameters: int) -> list[str]:
@@ -80,4 +81,21 @@ def judge_reader(reader: Reader, results: list[ReaderMeasurement], total: int, t
             if r["checked"] != expected
         ]
         problems += [f"rank {r['rank']}: {'; '.join(r['value_problems'][:3])}" for r in results if r["value_problems"]]
+    return problems
+
+
+def judge_save(way: SaveWay, results: list[SaveMeasurement], expected_policy: str) -> list[str]:
+    """What makes a save not count: another policy, or files that do not hold the checkpoint's tensors (a missing
+    comparison fails)."""
+    problems = [
+        f"rank {r['rank']} loaded as {r['policy']}, expected {expected_policy}"
+        for r in results
+        if r["policy"] != expected_policy
+    ]
+    if way.value_checked:
+        first = results[0]
+        if first["saved_unequal"] is None or not (first["compared"] > 0):
+            problems.append("the saved files were not compared with the checkpoint")
+        elif first["saved_unequal"]:
+            problems.append(f"saved tensors differ from the checkpoint's: {first['saved_unequal'][:3]}")
     return problems

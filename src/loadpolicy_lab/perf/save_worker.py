@@ -1,7 +1,7 @@
 """One rank of a save: load the checkpoint under ZeRO-3 (partitions read), then save it one way, timed and sampled.
 
-`python -m loadpolicy_lab.save.worker SPEC OUT` under torchrun. Writes OUT/rank<R>.json (a `SaveMeasurement`); rank 0
-of a way that writes a checkpoint compares every saved tensor with the checkpoint's own. docs/benchmark.md.
+`python -m loadpolicy_lab.perf.save_worker SPEC OUT` under torchrun. Writes OUT/rank<R>.json (a `SaveMeasurement`);
+rank 0 of a way that writes a checkpoint compares every saved tensor with the checkpoint's own. docs/benchmark.md.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from loadpolicy_lab.harness.device import DeviceWindow, host, start_deepspeed_di
 from loadpolicy_lab.harness.procfs import PeakSampler, memory_status, reset_resident_peak
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.harness.setup import show_zero3, zero3_config
-from loadpolicy_lab.save.cases import Way
-from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
+from loadpolicy_lab.perf.cases import SaveWay
+from loadpolicy_lab.perf.contract import SaveMeasurement, SaveSpec
 
 
 def _zero3_config(world: int) -> dict[str, Any]:
@@ -58,18 +58,18 @@ def _engine(model: Any, config: dict[str, Any]) -> Any:
     return engine
 
 
-def _save(way: Way, model: Any, engine: Any, directory: Path, rank: int) -> None:
+def _save(way: SaveWay, model: Any, engine: Any, directory: Path, rank: int) -> None:
     match way:
-        case Way.PARTITIONS:
+        case SaveWay.PARTITIONS:
             model.save_pretrained(directory)
-        case Way.GATHERED:
+        case SaveWay.GATHERED:
             from transformers.integrations.deepspeed import gather_expert_parallel_state_dict  # noqa: PLC0415
 
             state_dict = gather_expert_parallel_state_dict(model, model.state_dict(), rank == 0)
             model.save_pretrained(directory, state_dict=state_dict, is_main_process=rank == 0)
-        case Way.DEEPSPEED_16BIT:
+        case SaveWay.DEEPSPEED_16BIT:
             engine.save_16bit_model(str(directory))
-        case Way.WRITE_LIMIT:
+        case SaveWay.WRITE_LIMIT:
             _write_limit(model, directory, rank)
 
 
@@ -100,7 +100,7 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
     import transformers  # noqa: PLC0415
     from transformers import DistributedConfig  # noqa: PLC0415
 
-    rank, world, way = this.rank, this.world_size, Way(spec["way"])
+    rank, world, way = this.rank, this.world_size, SaveWay(spec["way"])
     config = _zero3_config(world)
     keep_alive = show_zero3(config)  # noqa: F841  # held while loading
     this.stage("init_distributed")
@@ -111,7 +111,7 @@ def _measure_save(this: Rank, spec: SaveSpec) -> SaveMeasurement:
         kwargs["distributed_config"] = DistributedConfig(**spec["distributed"])
     model = getattr(transformers, spec["model_class"]).from_pretrained(spec["checkpoint"], **kwargs)
     # DeepSpeed's save needs its engine: built before the save is measured, as a training run has it
-    engine = _engine(model, config) if way is Way.DEEPSPEED_16BIT else None
+    engine = _engine(model, config) if way is SaveWay.DEEPSPEED_16BIT else None
     directory = Path(spec["directory"])
     if rank == 0:
         shutil.rmtree(directory, ignore_errors=True)

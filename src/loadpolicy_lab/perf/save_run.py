@@ -24,9 +24,9 @@ from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
 from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel, build
 from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.models.published import build as build_width
-from loadpolicy_lab.save.cases import Way, shape
-from loadpolicy_lab.save.contract import SaveMeasurement, SaveSpec
-from loadpolicy_lab.save.judge import judge
+from loadpolicy_lab.perf.cases import SaveWay, save_shape
+from loadpolicy_lab.perf.contract import SaveMeasurement, SaveSpec
+from loadpolicy_lab.perf.judge import judge_save
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +41,11 @@ class Row:
     compared: int = 0  # tensors rank 0 compared with the checkpoint
 
 
-def _row(model: BenchModel, ranks: int, way: Way, results: list[SaveMeasurement] | str) -> Row:
+def _row(model: BenchModel, ranks: int, way: SaveWay, results: list[SaveMeasurement] | str) -> Row:
     if isinstance(results, str):
         return Row(model.name, ranks, str(way), error=results)
     expected = "EPMeta" if model.moe else "Zero3Init"
-    problems = judge(way, results, expected)
+    problems = judge_save(way, results, expected)
     return Row(
         model.name,
         ranks,
@@ -67,7 +67,7 @@ def save_bench(
     checkpoint_of: Callable[[BenchModel], Path],
     ranks: int,
     timeout: float,
-    ways: tuple[Way, ...],
+    ways: tuple[SaveWay, ...],
 ) -> list[Row]:
     trees = prepare_trees(out, patches, cache)
     prebuild_deepspeed_ops(out)
@@ -80,14 +80,19 @@ def save_bench(
                 "way": str(way),
                 "model_class": model.model_class,
                 "checkpoint": str(checkpoint),
-                "distributed": shape(model, ranks).distributed_config(),
+                "distributed": save_shape(model, ranks).distributed_config(),
                 "directory": str(directory),
             }
             # No dirty pages of an earlier launch (the checkpoint just built, a save without fsync) written back while
             # this one is timed
             os.sync()
             launched = launch(
-                "loadpolicy_lab.save.worker", spec, trees[Tree.PATCHED], out / "runs" / directory.name, ranks, timeout
+                "loadpolicy_lab.perf.save_worker",
+                spec,
+                trees[Tree.PATCHED],
+                out / "runs" / directory.name,
+                ranks,
+                timeout,
             )
             row = _row(model, ranks, way, read_results(launched, SaveMeasurement))
             shutil.rmtree(directory, ignore_errors=True)  # a checkpoint's worth of disk per way
@@ -125,9 +130,9 @@ def render_markdown(rows: list[Row], command: str) -> str:
         if r.error:
             lines.append(f"| {r.model} | {r.ranks} | {r.way} | - | - | - | - | - | FAILED: {r.error[:200]} |")
             continue
-        limit = by_key.get((r.model, r.ranks, str(Way.WRITE_LIMIT)), Row("", 0, ""))
-        gathered = by_key.get((r.model, r.ranks, str(Way.GATHERED)), Row("", 0, ""))
-        files = f"equal ({r.compared} tensors)" if Way(r.way).value_checked else "not compared"
+        limit = by_key.get((r.model, r.ranks, str(SaveWay.WRITE_LIMIT)), Row("", 0, ""))
+        gathered = by_key.get((r.model, r.ranks, str(SaveWay.GATHERED)), Row("", 0, ""))
+        files = f"equal ({r.compared} tensors)" if SaveWay(r.way).value_checked else "not compared"
         lines.append(
             f"| {r.model} | {r.ranks} | {r.way} | {r.seconds:.2f} | {_ratio(r.seconds, limit.seconds)} | "
             f"{_ratio(gathered.seconds, r.seconds)} faster | "
@@ -142,7 +147,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--out", type=Path, default=Path("build/save"), help="work and report directory")
     parser.add_argument("--smoke", action="store_true", help="the smoke models (CI)")
     parser.add_argument("--ranks", type=positive_int, default=2)
-    parser.add_argument("--way", action="append", choices=list(Way), help="only this way (repeatable; default all)")
+    parser.add_argument(
+        "--way", action="append", choices=list(SaveWay), help="only this way (repeatable; default all)"
+    )
     parser.add_argument(
         "--shape", action="append", choices=sorted(SHAPES_BY_NAME), help="a real-width shape instead (repeatable)"
     )
@@ -153,7 +160,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _run(args: argparse.Namespace) -> str:
-    ways = tuple(Way(w) for w in args.way) if args.way else tuple(Way)
+    ways = tuple(SaveWay(w) for w in args.way) if args.way else tuple(SaveWay)
     models: tuple[BenchModel, ...] = SMOKE if args.smoke else FULL
     checkpoints = args.out.resolve() / "checkpoints"
 
