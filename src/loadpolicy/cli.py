@@ -94,9 +94,10 @@ DEV_COMMANDS = (
         "break one behaviour at a time and show which check catches it",
         "loadpolicy_lab.validate.mutants.command",
     ),
-    _LazyCommand("bench", "time and peak memory per rank of from_pretrained, every policy", "loadpolicy_lab.perf.run"),
     _LazyCommand(
-        "calibrate", "the cost model's predictions beside a bench run's measurements", "loadpolicy_lab.perf.calibrate"
+        "perf",
+        "the performance suite: loads, reads, saves and a training step, at the bench's sizes and published widths",
+        "loadpolicy_lab.perf.command",
     ),
     _LazyCommand(
         "autoep",
@@ -108,18 +109,6 @@ DEV_COMMANDS = (
         "training tokens/s per rank: token dispatch vs tp = ep vs DeepSpeed AutoEP vs plain ZeRO-3",
         "loadpolicy_lab.throughput.run",
     ),
-    _LazyCommand(
-        "save", "save time and peak per rank: partition writes, gathered, DeepSpeed", "loadpolicy_lab.perf.save_run"
-    ),
-    _LazyCommand(
-        "widths", "published MoE shapes at full width: every way of reading, one run", "loadpolicy_lab.perf.widths_run"
-    ),
-    _LazyCommand(
-        "widths-rounds",
-        "real-width reads and loads, any set of ways and trees, in interleaved rounds",
-        "loadpolicy_lab.perf.rounds",
-    ),
-    _LazyCommand("widths-step", "one training step at real width against one process", "loadpolicy_lab.perf.step_run"),
     _LazyCommand(
         "gpu", "what only a GPU shows: loads, saves, training and reads on the device", "loadpolicy_lab.gpu.run"
     ),
@@ -275,7 +264,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def _command_words(args: argparse.Namespace) -> str:
     """The command as typed, for error messages: `loadpolicy dev series lint`, `loadpolicy plan launch`."""
     words = [args.command]
-    words += [w for w in (getattr(args, k, None) for k in ("dev_command", "series_command", "mode")) if w]
+    words += [w for w in (getattr(args, k, None) for k in ("dev_command", "series_command", "perf_kind", "mode")) if w]
     return " ".join(words)
 
 

@@ -65,13 +65,13 @@ CASES: list[tuple[str, str]] = [
     ("plan launch --config config-unknown-type.json --ranks 4", "unknown model_type 'not_a_model'"),
     ("plan launch --model Qwen3-30B-A3B --ranks 4 --ep 3", "ep=3 must divide ranks=4"),
     ("plan launch --model Qwen3-30B-A3B --ranks 0", "expected an integer >= 1, got 0"),
-    ("dev calibrate --bench missing-bench", "holds no bench.json"),
+    ("dev perf calibrate --bench missing-bench", "holds no bench.json"),
     ("checkout tf", "no patch series at 'patches'"),
     ("dev series lint", "no patch series at 'patches'"),
     ("dev series export not-a-checkout --patches patches-copy", "not a git checkout with the pristine tag"),
     ("dev series export missing-dir --patches patches-copy", "'missing-dir' is not a directory"),
     ("dev validate --timeout -5", "expected a number of seconds > 0, got -5"),
-    ("dev bench --repeats 0", "expected an integer >= 1, got 0"),
+    ("dev perf bench --repeats 0", "expected an integer >= 1, got 0"),
 ]
 # Cases that need a missing package: (argv, the module hidden from it, expected text)
 WITHOUT: list[tuple[str, str, str]] = [
@@ -100,7 +100,9 @@ def _error(argv: str, capsys: pytest.CaptureFixture[str]) -> str:
         code = int(exc.code or 0)
     captured = capsys.readouterr()
     words = argv.split()
-    command = " ".join(words[: 3 if words[:2] == ["dev", "series"] else 2 if words[0] in ("plan", "dev") else 1])
+    command = " ".join(
+        words[: 3 if words[:2] in (["dev", "series"], ["dev", "perf"]) else 2 if words[0] in ("plan", "dev") else 1]
+    )
     assert code == 2, captured
     assert captured.out == ""
     assert "Traceback" not in captured.err

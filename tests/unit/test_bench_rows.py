@@ -1,4 +1,5 @@
-"""The benchmark's row figures, on synthetic rank measurements (real runs: `tox -e lab -- loadpolicy dev bench`)."""
+"""The benchmark's row figures, on synthetic rank measurements (real runs: `tox -e lab -- loadpolicy dev perf
+bench`)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_nan_logits_a_nan_reference_and_another_shape_fail() -> None:
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Mixtral whose experts matter to its logits: at transformers' std 0.02 and width 16 they barely do, and
-    bf16's own error hides them; at the published widths they dominate (`dev widths`)."""
+    bf16's own error hides them; at the published widths they dominate (`dev perf widths`)."""
     transformers = pytest.importorskip("transformers")
     from loadpolicy_lab.models.architectures import ARCHITECTURES
 

@@ -116,7 +116,7 @@ def test_the_users_install_holds_the_product_without_the_lab(fresh: tuple[Path, 
     assert "loadpolicy_lab" not in files, files
     outside = _run([str(bin_dir / "python"), "-c", "import loadpolicy_lab"], clone.parent)
     assert outside.returncode != 0
-    lab_command = _run([str(bin_dir / "loadpolicy"), "dev", "bench", "--runs", "1"], clone.parent)
+    lab_command = _run([str(bin_dir / "loadpolicy"), "dev", "perf", "bench", "--runs", "1"], clone.parent)
     assert lab_command.returncode == 2, lab_command
     assert "Traceback" not in lab_command.stderr, lab_command.stderr
     assert "loadpolicy_lab" in lab_command.stderr, lab_command.stderr

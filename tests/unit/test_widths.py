@@ -1,5 +1,5 @@
 """The real-widths suite's pure parts: each rank's share of a safetensors file, the reader rows' judges and the goals
-(real runs: `loadpolicy dev widths`)."""
+(real runs: `loadpolicy dev perf widths`)."""
 
 from __future__ import annotations
 

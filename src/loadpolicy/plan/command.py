@@ -4,7 +4,7 @@
   config.json`): per-rank figures with the reason for each.
 - `loadpolicy plan project --out build/plan`: the published MoE models at 4 to 64 ranks, every policy: table + plot.
 
-The model is calibrated against the benchmark by `loadpolicy dev calibrate` (`perf.calibrate`).
+The model is calibrated against the benchmark by `loadpolicy dev perf calibrate` (`perf.calibrate`).
 """
 
 from __future__ import annotations

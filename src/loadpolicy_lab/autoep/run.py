@@ -55,7 +55,7 @@ class Row:
 def _launch(
     spec: AutoEPSpec, tree: Path, out: Path, ranks: int, timeout: float, contract: type[Contract]
 ) -> list[Contract] | str:
-    """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy dev bench`)."""
+    """The worker on `ranks` processes, every load starting from storage (as in `loadpolicy dev perf bench`)."""
     evict_from_page_cache(Path(spec["checkpoint"]))
     return read_results(launch("loadpolicy_lab.autoep.worker", spec, tree, out, ranks, timeout), contract, ".pt")
 

@@ -1,1 +1,2 @@
-"""`loadpolicy dev bench`: time and peak memory per rank of `from_pretrained` for every policy, against the ideal."""
+"""The performance suite: loads, reads, saves and a training step at the bench's sizes and published widths
+(`loadpolicy dev perf KIND`, `perf.command`)."""

@@ -1,8 +1,8 @@
-"""Calibration: the cost model's predictions for a `loadpolicy dev bench` run, beside what that run measured.
+"""Calibration: the cost model's predictions for a `loadpolicy dev perf bench` run, beside what that run measured.
 
 For every benchmarked (model, policy, ranks), the largest rank's peak RSS (total, anonymous, file-backed) and what it
 holds after loading, scored as the model's own part: measured minus the pre-load baseline, against the prediction.
-`HELD_OUT` cases are scored apart; `loadpolicy dev calibrate` exits non-zero when a scored figure misses
+`HELD_OUT` cases are scored apart; `loadpolicy dev perf calibrate` exits non-zero when a scored figure misses
 (`TOLERANCE`). How it is scored and the results: docs/scaling.md.
 """
 
@@ -145,7 +145,7 @@ def render_calibration(rows: list[CalibrationRow]) -> str:
 
 
 def misses(rows: list[CalibrationRow]) -> list[CalibrationRow]:
-    """Scored figures outside the tolerance: `loadpolicy dev calibrate` fails on any."""
+    """Scored figures outside the tolerance: `loadpolicy dev perf calibrate` fails on any."""
     return [r for r in rows if r.scored and not r.within]
 
 
@@ -153,12 +153,12 @@ def _run_calibrate(args: argparse.Namespace) -> str:
     if not (args.bench / "bench.json").is_file():
         raise CommandError(
             f"--bench {str(args.bench)!r} holds no bench.json; accepted: the output directory of a "
-            "`loadpolicy dev bench` run (its default writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
+            "`loadpolicy dev perf bench` run (its default writes build/bench, `tox -e bench-smoke` build/bench-smoke)"
         )
     try:
         rows = calibrate(args.bench)
     except ModuleNotFoundError as exc:
-        raise missing_extra("loadpolicy dev calibrate", exc.name or "transformers") from None
+        raise missing_extra("loadpolicy dev perf calibrate", exc.name or "transformers") from None
     text = render_calibration(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(text + "\n", encoding="utf-8")

@@ -98,7 +98,7 @@ class Reader(enum.StrEnum):
     RUNAI = "runai"
 
 
-# the peers `dev widths` reads beside the loads, and every way DCP can read (`widths-rounds --ways`)
+# the peers `dev perf widths` reads beside the loads, and every way DCP can read (`perf rounds --ways`)
 DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
 DCP_ANY = (*DCP_READERS, Reader.DCP_4_THREADS, Reader.DCP_8_THREADS)
 DCP_THREADS = {Reader.DCP_4_THREADS: 4, Reader.DCP_8_THREADS: 8}

@@ -1,13 +1,14 @@
-"""`loadpolicy dev widths-rounds`: any set of ways to read real-width checkpoints, on one or several trees, in rounds.
+"""`loadpolicy dev perf rounds`: any set of ways to read real-width checkpoints, on one or several trees, in rounds.
 
 A single run on this disk says little: the same read took 1.3 s and 3.1 s minutes apart. Here each shape at each rank
 count is read every way asked for, round after round, every launch from a cold page cache, in forward then reverse
 order (A B C, C B A, ...) so that drift within the run falls on every way alike. A way is a load (a `perf.cases`
 label, optionally with ", one read at a time": `HF_DEACTIVATE_ASYNC_LOAD=1`), the read limit or torch DCP's reader;
 with `--trees`, each load of the patched tree runs on every tree given (a series against the one before it). Every
-launch is judged as `dev widths` judges it (values against the stock one-process load's fingerprints, logits within
-their bound; DCP's blocks against the file); a failed judge fails the command. The report gives each way's seconds
-per round, their median, and each way over the first in the same round. Writes OUT/rounds.md and OUT/rounds.json.
+launch is judged as `dev perf widths` judges it (values against the stock one-process load's fingerprints, logits
+within their bound; DCP's blocks against the file); a failed judge fails the command. The report gives each way's
+seconds per round, their median, and each way over the first in the same round. Writes OUT/rounds.md and
+OUT/rounds.json.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def rounds(
     """`count` rounds of `ways` on one shape at `ranks`, each launch judged; `trees` by name, "stock" among them."""
     checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK.value], MAX_GIB, timeout)
     model_type = checkpoint.shape.architecture.transformers_config().model_type
-    # as `dev widths`: DeepSpeed AutoEP only where it has a preset for the model type (gpt-oss has none)
+    # as `dev perf widths`: DeepSpeed AutoEP only where it has a preset for the model type (gpt-oss has none)
     ways = tuple(way for way in ways if way.case is None or not way.case.autoep or has_autoep_preset(model_type))
     found = []
     for index in range(count):
@@ -214,7 +215,7 @@ def _tree(text: str) -> tuple[str, Path]:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "widths-rounds", help="real-width reads and loads, any set of ways and trees, in interleaved rounds"
+        "rounds", help="real-width reads and loads, any set of ways and trees, in interleaved rounds"
     )
     parser.add_argument("--out", type=Path, default=Path("build/widths-rounds"), help="work and report directory")
     parser.add_argument("--shape", nargs="+", choices=sorted(SHAPES_BY_NAME), default=["mixtral-8x7b"])
@@ -264,7 +265,7 @@ def _run(args: argparse.Namespace) -> str:
     asked = f"--ways {' '.join(repr(w) for w in args.ways)}" if args.ways else f"--case '{args.case}'"
     given = f" --trees {' '.join(f'{n}=...' for n in named)}" if args.trees else ""
     command = (
-        f"loadpolicy dev widths-rounds --shape {' '.join(args.shape)} --ranks {' '.join(map(str, args.ranks))} "
+        f"loadpolicy dev perf rounds --shape {' '.join(args.shape)} --ranks {' '.join(map(str, args.ranks))} "
         f"{asked}{given} --rounds {args.rounds}"
     )
     text = render_rounds(found, command)

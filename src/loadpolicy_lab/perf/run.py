@@ -1,4 +1,4 @@
-"""`loadpolicy dev bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
+"""`loadpolicy dev perf bench`: every policy's `from_pretrained` at 2 and 4 ranks, repeated; table, JSON and plot.
 
 Each launch runs `bench/worker.py` under torchrun from a cold page cache for the checkpoint. Per (model, policy,
 ranks) the report gives the median (min-max) over repeats of the slowest rank's load time and of the largest per-rank

@@ -1,4 +1,4 @@
-"""`loadpolicy dev save`: saving a loaded ZeRO-3 model, each way, on the bench's models: time and peak per rank.
+"""`loadpolicy dev perf save`: saving a loaded ZeRO-3 model, each way, on the bench's models: time and peak per rank.
 
 Every way runs in its own launch on the patched tree (load with partition reads, then save); the files of the ways
 that write a checkpoint are compared with the checkpoint's tensors by rank 0, and a way whose files differ fails the
@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace) -> str:
     checkpoints = args.out.resolve() / "checkpoints"
 
     def checkpoint_of(model: BenchModel) -> Path:
-        if args.shape:  # the real-width checkpoints `loadpolicy dev widths` builds (and reuses)
+        if args.shape:  # the real-width checkpoints `loadpolicy dev perf widths` builds (and reuses)
             return build_width(SHAPES_BY_NAME[model.name], args.checkpoints.resolve(), max_gib=args.max_gib)
         return build(model, checkpoints)
 
@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace) -> str:
         timeout=args.timeout,
         ways=ways,
     )
-    command = f"loadpolicy dev save --ranks {args.ranks}" + (" --smoke" if args.smoke else "")
+    command = f"loadpolicy dev perf save --ranks {args.ranks}" + (" --smoke" if args.smoke else "")
     command += "".join(f" --shape {name}" for name in args.shape or ())
     text = render_markdown(rows, command)
     (args.out / "save.md").write_text(text, encoding="utf-8")

@@ -1,4 +1,4 @@
-"""`loadpolicy dev widths-step`: one training step at real width, every way of loading under ZeRO-3, against the
+"""`loadpolicy dev perf step`: one training step at real width, every way of loading under ZeRO-3, against the
 stock tree's one-process step (`perf.step`).
 
 By default the smallest published shape, cut to STEP_LAYERS layers, at 2 ranks: each rank holds its bf16 partitions,
@@ -159,7 +159,7 @@ def render_markdown(rows: list[Row], command: str) -> str:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("widths-step", help="one training step at real width against one process")
+    parser = subparsers.add_parser("step", help="one training step at real width against one process")
     parser.add_argument("--out", type=Path, default=Path("build/widths-step"), help="work and report directory")
     parser.add_argument("--shape", choices=sorted(SHAPES_BY_NAME), default=smallest_shape().name, help="the shape")
     parser.add_argument("--ranks", type=positive_int, default=2, help="ranks (default 2)")
@@ -178,7 +178,7 @@ def _run(args: argparse.Namespace) -> str:
     shape = with_layers(SHAPES_BY_NAME[args.shape], args.layers)
     cases = tuple(case for case in STEP_CASES if not args.case or case.label in args.case)
     rows = widths_step(args.out, args.patches, args.cache, args.checkpoints, shape, args.ranks, args.timeout, cases)
-    command = f"loadpolicy dev widths-step --shape {args.shape} --layers {args.layers} --ranks {args.ranks}"
+    command = f"loadpolicy dev perf step --shape {args.shape} --layers {args.layers} --ranks {args.ranks}"
     text = render_markdown(rows, command + "".join(f" --case '{case.label}'" for case in cases if args.case))
     (args.out / "step.md").write_text(text, encoding="utf-8")
     as_json: list[dict[str, Any]] = [asdict(row) for row in rows]

@@ -1,4 +1,4 @@
-"""`loadpolicy dev widths`: published MoE shapes at full width, each read every way in the same run.
+"""`loadpolicy dev perf widths`: published MoE shapes at full width, each read every way in the same run.
 
 Per shape and rank count, from a cold page cache each time: the limit (every rank reading exactly its share with plain
 `preadv`), each transformers load (`perf.worker`: time, peaks, values against the stock one-process load) and torch
@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace) -> str:
         checkpoints=args.checkpoints,
     )
     command = (
-        "loadpolicy dev widths"
+        "loadpolicy dev perf widths"
         + "".join(f" --shape {s.name}" for s in shapes if args.shape)
         + "".join(f" --ranks {n}" for n in ranks if args.ranks)
     )

@@ -1,8 +1,8 @@
 """A check at a published width: what the tiny models cannot show (the logits of a sharded forward, a training step's
 expert gradients at real sizes), run on the code under test as the patched tree.
 
-One round of `ways` on `shape` (`widths-rounds`: every load judged on its values and logits) or the training step of
-`step_case` (`widths-step`: losses, gradients and weights after the step against one process). The checkpoints are
+One round of `ways` on `shape` (`perf rounds`: every load judged on its values and logits) or the training step of
+`step_case` (`perf step`: losses, gradients and weights after the step against one process). The checkpoints are
 built once under the table's `widths_checkpoints` (several GiB), with the stock tree's references beside them.
 """
 
