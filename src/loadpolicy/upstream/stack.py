@@ -1,7 +1,8 @@
 """Every pull request of the stack on its own, with the tests it adds.
 
 A maintainer merges PR 1, then PR 2 on top of it, and so on, so each prefix of the series that ends a PR must stand
-by itself: it imports, and the tests that PR adds pass on it (a test that needs a later PR belongs to that one). A PR
+by itself: it imports, the files the PR touches pass the tree's own `ruff check` and `ruff format --check` (its CI's
+first job), and the tests that PR adds pass on it (a test that needs a later PR belongs to that one). A PR
 whose patches say `Needs: none` is checked on the pristine sources with only its own patches: it can be merged first,
 alone, in any order with the others. The full series runs every test in `tox -e patches` already.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from loadpolicy.upstream.git import git
 from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.upstream.prefix_style import python_files_changed, ruff_for, style_problems
 from loadpolicy.upstream.series import Series
 
 
@@ -40,7 +42,7 @@ class PrefixResult:
         tests = (
             f"its {len(self.tests)} test(s) pass" if self.tests_ran else f"its {len(self.tests)} test(s) not run here"
         )
-        return f"{self.label}: {where} apply and import; {tests} ({self.seconds:.0f}s)"
+        return f"{self.label}: {where} apply, import and pass the tree's ruff; {tests} ({self.seconds:.0f}s)"
 
 
 def node_ids_in_source(source: str, path: str) -> set[str]:
@@ -135,6 +137,10 @@ def check_prefixes(
         try:
             modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
             _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
+            changed = python_files_changed(tree, commits[first - 1 : end])
+            if problems := style_problems(worktree, changed, ruff_for(worktree)):
+                where = "alone on the pristine sources" if alone else f"on patches 1-{end}"
+                raise UpstreamError(f"{label}, {where}, fails the tree's own ruff:\n" + "\n".join(problems))
             if added and ran:
                 summary = _pytest(worktree, added, label, timeout)
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
