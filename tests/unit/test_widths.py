@@ -10,6 +10,7 @@ import mmap
 import struct
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -212,19 +213,28 @@ def test_a_shape_cut_to_fewer_layers_keeps_its_widths_and_is_named_and_built_apa
     assert with_layers(SHAPES_BY_NAME["mixtral-8x7b"], 2) is SHAPES_BY_NAME["mixtral-8x7b"]
 
 
+EXPERT = "model.layers.0.mlp.experts.0.w1.weight"
+
+
+def _two_file_checkpoint(torch: Any, directory: Path) -> dict[str, Any]:
+    """A checkpoint of two safetensors files (an expert's tensor among them) written to `directory`: its tensors."""
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
+    tensors[EXPERT] = torch.randn(4, 2).to(torch.bfloat16)
+    save_file({"a": tensors["a"], EXPERT: tensors[EXPERT]}, str(directory / "model-00001-of-00002.safetensors"))
+    save_file({"b": tensors["b"]}, str(directory / "model-00002-of-00002.safetensors"))
+    return tensors
+
+
 def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file(tmp_path: Path) -> None:
     """One process, real torch DCP: the pread limit reads the whole share; DCP's row-sharded load equals the files,
     and a changed block is reported."""
     torch = pytest.importorskip("torch")
-    from safetensors.torch import save_file
 
     from loadpolicy_lab.perf import reader_worker as worker
 
-    expert = "model.layers.0.mlp.experts.0.w1.weight"
-    tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
-    tensors[expert] = torch.randn(4, 2).to(torch.bfloat16)
-    save_file({"a": tensors["a"], expert: tensors[expert]}, str(tmp_path / "model-00001-of-00002.safetensors"))
-    save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    tensors = _two_file_checkpoint(torch, tmp_path)
     spans = read_spans(tmp_path)
     assert worker._pread(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
     assert worker._pread_in_flight(share(spans, 0, 1)) == sum(s.end - s.start for s in spans)
@@ -243,12 +253,12 @@ def test_the_readers_read_every_byte_and_dcp_blocks_are_checked_against_the_file
         assert worker._compare_with_file(state, spans) == (3, ["b: rows from 0 differ from the file's"])
         # the loads' sharding: the expert's tensor whole, a plain tensor on the rank that holds the expert
         state, _ = worker._dcp_destination(spans, 1, experts_whole_on=0)
-        assert not hasattr(state[expert], "to_local")
+        assert not hasattr(state[EXPERT], "to_local")
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
-        assert torch.equal(state[expert], tensors[expert])
+        assert torch.equal(state[EXPERT], tensors[EXPERT])
         assert worker._compare_with_file(state, spans) == (3, [])
-        state[expert][1, 1] += 1
-        assert worker._compare_with_file(state, spans) == (3, [f"{expert}: differs from the file's"])
+        state[EXPERT][1, 1] += 1
+        assert worker._compare_with_file(state, spans) == (3, [f"{EXPERT}: differs from the file's"])
         assert worker._dcp_destination(spans, 1, experts_whole_on=1)[0].keys() == {"a", "b"}  # another rank's
     finally:
         torch.distributed.destroy_process_group()
@@ -504,15 +514,10 @@ def test_run_ai_streams_each_rank_s_whole_tensors_and_they_are_checked_against_t
     and a changed tensor reported."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("runai_model_streamer")
-    from safetensors.torch import save_file
 
     from loadpolicy_lab.perf import reader_worker as worker
 
-    expert = "model.layers.0.mlp.experts.0.w1.weight"
-    tensors = {"a": torch.randn(5, 3).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32)}
-    tensors[expert] = torch.randn(4, 2).to(torch.bfloat16)
-    save_file({"a": tensors["a"], expert: tensors[expert]}, str(tmp_path / "model-00001-of-00002.safetensors"))
-    save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    tensors = _two_file_checkpoint(torch, tmp_path)
     spans = read_spans(tmp_path)
     held = [worker._stream_whole(spans, rank, 2) for rank in (0, 1)]
     assert sorted(name for state in held for name in state) == sorted(tensors)

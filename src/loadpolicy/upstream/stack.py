@@ -91,16 +91,12 @@ def _run(command: list[str], worktree: Path, label: str, timeout: float) -> str:
     return done.stdout
 
 
-def _modules_changed(tree: Path, commits: list[str]) -> list[str]:
-    """`transformers.x.y` for each module under src/ the commits change (what a probe imports)."""
-    paths = {
-        path
-        for commit in commits
-        for path in git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).stdout.split()
-        if path.startswith("src/transformers/") and path.endswith(".py")
-    }
+def _modules_changed(changed: list[str]) -> list[str]:
+    """`transformers.x.y` for each module under src/ among the `.py` files `changed` (what a probe imports)."""
     return sorted(
-        p.removeprefix("src/").removesuffix(".py").removesuffix("/__init__").replace("/", ".") for p in paths
+        p.removeprefix("src/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for p in changed
+        if p.startswith("src/transformers/")
     )
 
 
@@ -135,9 +131,9 @@ def check_prefixes(
         ran = alone or not standalone_tests_only
         worktree = _worktree(tree, base, commits, first, end, alone)
         try:
-            modules = ["transformers", *_modules_changed(tree, commits[first - 1 : end])]
-            _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
             changed = python_files_changed(tree, commits[first - 1 : end])
+            modules = ["transformers", *_modules_changed(changed)]
+            _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
             if problems := style_problems(worktree, changed, ruff_for(worktree)):
                 where = "alone on the pristine sources" if alone else f"on patches 1-{end}"
                 raise UpstreamError(f"{label}, {where}, fails the tree's own ruff:\n" + "\n".join(problems))
