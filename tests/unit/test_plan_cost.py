@@ -199,15 +199,17 @@ def test_calibration_scores_the_model_s_own_part_not_the_baseline() -> None:
     adding the baseline to both sides (1.3 / 1.5 = 0.87) would have hidden."""
     from loadpolicy_lab.perf.calibrate import measured_figures, misses
 
-    measured = {
+    memory = {
         "baseline_anon_gib": 0.6,
         "baseline_file_gib": 0.4,
-        "peak_gib": {"median": 1.5},
-        "peak_anon_gib": {"median": 1.1},
-        "peak_file_gib": {"median": 0.4},
-        "held_gib": {"median": 1.5},
+        "peak_gib": 1.5,
+        "peak_anon_gib": 1.1,
+        "peak_file_gib": 0.4,
+        "held_gib": 1.5,
     }
-    own = measured_figures(measured)
+    # two launches of the case: their median counts
+    launches = [{"memory": memory | {"peak_gib": 1.4}}, {"memory": memory | {"peak_gib": 1.6}}]
+    own = measured_figures(launches)
     assert own["peak total"] / GIB == pytest.approx(0.5)
     assert own["peak file-backed"] / GIB == pytest.approx(0.0)
     row = CalibrationRow("m", "c", 2, "peak total", 0.3, own["peak total"] / GIB)

@@ -335,20 +335,20 @@ def test_an_unknown_way_is_refused_naming_it_and_the_accepted_ones() -> None:
 
 
 def test_rounds_report_each_way_over_the_first_and_name_a_failed_launch() -> None:
-    from loadpolicy_lab.perf.rounds import RoundRow, render_rounds
+    from loadpolicy_lab.perf.rounds import render_rounds
 
-    def row(seconds: float | None, error: str | None = None, ranks: int = 2) -> Row:
-        return Row("mixtral-8x7b", ranks, "x", 3.19, error=error, seconds=seconds)
+    def row(number: int, way: str, seconds: float | None, error: str | None = None, ranks: int = 2) -> Row:
+        return Row("mixtral-8x7b", ranks, way, 3.19, round=number, error=error, seconds=seconds)
 
     one, flight, peer = "EPMeta: partition reads, one read at a time", "EPMeta: partition reads", "DCP"
     found = [
-        RoundRow(0, one, row(3.0)),
-        RoundRow(0, flight, row(1.5)),
-        RoundRow(0, peer, row(2.0)),
-        RoundRow(1, peer, row(None, "rank 1: values differ")),
-        RoundRow(1, flight, row(2.0)),
-        RoundRow(1, one, row(4.0)),
-        RoundRow(0, one, row(9.0, ranks=4)),
+        row(0, one, 3.0),
+        row(0, flight, 1.5),
+        row(0, peer, 2.0),
+        row(1, peer, None, "rank 1: values differ"),
+        row(1, flight, 2.0),
+        row(1, one, 4.0),
+        row(0, one, 9.0, ranks=4),
     ]
     text = render_rounds(found, "cmd")
     assert "## mixtral-8x7b, 2 ranks" in text
@@ -364,6 +364,8 @@ def test_rounds_report_each_way_over_the_first_and_name_a_failed_launch() -> Non
 def _load(rank: int, deviation: float | None, logits_problems: list[str] | None = None) -> LoadMeasurement:
     return {  # type: ignore[typeddict-item]
         **dict.fromkeys(("rss_before", "peak_total", "held_total", "read_bytes"), 1 << 30),
+        **dict.fromkeys(("anon_before", "file_before", "peak_anon", "peak_file", "held_anon", "held_file"), 1 << 29),
+        **dict.fromkeys(("rchar", "owned_bytes"), 1 << 30),
         "rank": rank,
         "policy": "EPMeta",
         "loading_branch": "zero3_read_partitions",
@@ -509,24 +511,47 @@ def test_whole_tensors_go_to_the_expert_owner_and_the_rest_balance_the_bytes() -
     assert whole_owners(experts + rest, 1) == dict.fromkeys(owners, 0)
 
 
-def test_run_ai_streams_each_rank_s_whole_tensors_and_they_are_checked_against_the_file(tmp_path: Path) -> None:
-    """Run:ai Model Streamer for real on a two-file checkpoint: over two ranks every tensor once, equal to the file,
-    and a changed tensor reported."""
+def test_files_whole_go_largest_first_to_the_lighter_rank() -> None:
+    from loadpolicy_lab.perf.ranges import file_owners
+
+    def span(file: str, size: int) -> TensorSpan:
+        return TensorSpan(Path(file), f"{file}.t", "BF16", (size // 2,), 0, size)
+
+    spans = [span("a", 500), span("b", 300), span("c", 250), span("d", 100)]
+    assert file_owners(spans, 2) == {Path("a"): 0, Path("b"): 1, Path("c"): 1, Path("d"): 0}
+    assert file_owners(spans, 8) == {Path("a"): 0, Path("b"): 1, Path("c"): 2, Path("d"): 3}  # four ranks read none
+
+
+@pytest.mark.parametrize(
+    ("module", "read"), [("runai_model_streamer", "_stream_whole"), ("fastsafetensors", "_read_files")]
+)
+def test_a_whole_reader_gives_each_rank_its_tensors_and_they_are_checked_against_the_file(
+    tmp_path: Path, module: str, read: str
+) -> None:
+    """Run:ai Model Streamer (tensors whole) and fastsafetensors (files whole) for real on a two-file checkpoint:
+    over two ranks every tensor once, equal to the file, and a changed tensor reported."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("runai_model_streamer")
+    pytest.importorskip(module)
 
     from loadpolicy_lab.perf import reader_worker as worker
 
     tensors = _two_file_checkpoint(torch, tmp_path)
     spans = read_spans(tmp_path)
-    held = [worker._stream_whole(spans, rank, 2) for rank in (0, 1)]
-    assert sorted(name for state in held for name in state) == sorted(tensors)
-    for state in held:
-        assert all(torch.equal(tensor, tensors[name]) for name, tensor in state.items())
-        assert worker._compare_with_file(state, spans) == (len(state), [])
-    rank = next(r for r, state in enumerate(held) if "b" in state)
-    held[rank]["b"][2] += 1
-    assert worker._compare_with_file(held[rank], spans)[1] == ["b: differs from the file's"]
+    try:
+        held = [getattr(worker, read)(spans, rank, 2) for rank in (0, 1)]
+        assert all(held), "each rank reads part of the checkpoint"
+        assert sorted(name for state in held for name in state) == sorted(tensors)
+        for state in held:
+            assert all(torch.equal(tensor, tensors[name]) for name, tensor in state.items())
+            assert worker._compare_with_file(state, spans) == (len(state), [])
+        rank = next(r for r, state in enumerate(held) if "b" in state)
+        held[rank]["b"][2] += 1
+        assert worker._compare_with_file(held[rank], spans)[1] == ["b: differs from the file's"]
+    finally:
+        for buffer, loader in worker._OPEN:  # fastsafetensors' buffers, kept until compared
+            buffer.close()
+            loader.close()
+        worker._OPEN.clear()
 
 
 def test_a_whole_tensor_reader_must_compare_every_tensor_it_holds() -> None:

@@ -20,10 +20,17 @@ from loadpolicy.shape import LaunchShape
 from loadpolicy_lab.autoep.cases import ARCHS, DP, MIB, STEPS, WORLD, Way
 from loadpolicy_lab.autoep.contract import AutoEPSpec, ReferenceRun, WayRank
 from loadpolicy_lab.autoep.judge import judge
-from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
+from loadpolicy_lab.harness.launch import (
+    Tree,
+    ValidationFailedError,
+    add_launch_arguments,
+    launch,
+    progress,
+    read_results,
+)
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.models.architectures import ARCHITECTURES
 from loadpolicy_lab.models.checkpoints import build_checkpoint
 from loadpolicy_lab.training.autoep import expert_parallel_section
@@ -108,9 +115,9 @@ def run_way(
     )
 
 
-def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], clip: float, timeout: float) -> list[Row]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+def autoep(where: Workspace, *, archs: tuple[str, ...], clip: float) -> list[Row]:
+    out, timeout = where.out, where.timeout
+    trees = where.ready_trees()
     checkpoints = out.resolve() / "checkpoints"
     rows: list[Row] = []
     for arch in archs:
@@ -148,16 +155,17 @@ def autoep(out: Path, patches: Path, cache: Path, *, archs: tuple[str, ...], cli
 
 
 def _line(row: Row) -> str:
-    label = f"{row.arch} | {Way(row.way).label}"
     if row.error:
-        return f"!! {label}: FAILED: {row.error}"
-    mark = "ok " if row.parity else "!! "
-    return (
-        f"{mark}{label}: from_pretrained {row.load_s:.2f}s, peak {max(row.load_peak_mib):.0f} MiB/rank; "
+        return progress(f"{row.arch} | {Way(row.way).label}", row.error)
+    return progress(
+        f"{row.arch} | {Way(row.way).label}",
+        None,
+        f"from_pretrained {row.load_s:.2f}s, peak {max(row.load_peak_mib):.0f} MiB/rank; "
         f"deepspeed.initialize {row.init_s:.2f}s, peak {max(row.init_peak_mib):.0f} MiB/rank; "
         f"losses {_e(row.loss_rel)}, initial weights {_e(row.initial_rel)}, final weights {_e(row.final_rel)}"
         + (f"; {'; '.join(row.problems)[:400]}" if row.problems else "")
-        + f" ({row.seconds:.0f}s)"
+        + f" ({row.seconds:.0f}s)",
+        passed=row.parity,
     )
 
 
@@ -257,7 +265,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _run(args: argparse.Namespace) -> str:
     started = time.monotonic()
     archs = tuple(args.arch) if args.arch else ARCHS
-    rows = autoep(args.out, args.patches, args.cache, archs=archs, clip=args.clip, timeout=args.timeout)
+    rows = autoep(Workspace.of(args), archs=archs, clip=args.clip)
     command = (
         "loadpolicy dev autoep"
         + "".join(f" --arch {a}" for a in args.arch or ())

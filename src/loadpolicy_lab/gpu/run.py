@@ -17,8 +17,8 @@ from loadpolicy_lab.gpu.cases import CASES, CASES_BY_NAME, MODEL_TYPE, STEPS, Ca
 from loadpolicy_lab.gpu.contract import GpuSpec, ReadResult, ReferenceResult, TrainResult
 from loadpolicy_lab.gpu.judge import gigabytes_per_second, judge
 from loadpolicy_lab.harness.device import DEVICE_ENV, visible_gpus
-from loadpolicy_lab.harness.launch import Launcher, Tree, add_launch_arguments, launch, read_results
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.launch import Launcher, Tree, add_launch_arguments, launch, progress, read_results
+from loadpolicy_lab.harness.trees import ready_trees
 
 
 NO_GPU = (
@@ -85,8 +85,7 @@ def _launch_case(case: Case, spec: GpuSpec, tree: Path, out: Path, timeout: floa
 
 def gpu_check(args: argparse.Namespace, cases: list[Case]) -> list[Row]:
     out: Path = args.out.resolve()
-    trees = prepare_trees(out, args.patches, args.cache)
-    prebuild_deepspeed_ops(out)
+    trees = ready_trees(out, args.patches, args.cache)
     checkpoint = out / "checkpoints" / MODEL_TYPE
     rows = []
     for case in cases:
@@ -126,11 +125,11 @@ def gpu_check(args: argparse.Namespace, cases: list[Case]) -> list[Row]:
 
 def _line(row: Row) -> str:
     label = f"{row.case} x{row.ranks} on {row.device or '?'}"
-    if row.error:
-        return f"!! {label}: FAILED: {row.error}"
-    if row.read_gbps:
-        return f"ok {label}: " + ", ".join(f"{way} {rate:.3g} GB/s" for way, rate in row.read_gbps.items())
-    return f"ok {label}: load {row.load_seconds:.2f}s, trained within {row.trained_max_diff:.2e} of one device"
+    if row.error or row.read_gbps:
+        return progress(label, row.error, ", ".join(f"{way} {rate:.3g} GB/s" for way, rate in row.read_gbps.items()))
+    return progress(
+        label, None, f"load {row.load_seconds:.2f}s, trained within {row.trained_max_diff:.2e} of one device"
+    )
 
 
 def render_markdown(rows: list[Row], skipped: list[str], command: str, on_cpu: bool) -> str:

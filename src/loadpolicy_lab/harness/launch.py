@@ -31,6 +31,14 @@ class ValidationFailedError(CommandError):
     """A run did not behave as expected: a patched case failed, or a stock case passed that should fail."""
 
 
+def progress(label: str, error: str | None, outcome: str = "", *, passed: bool = True) -> str:
+    """A launch's line while a run goes: `ok LABEL: OUTCOME`, `!! LABEL: OUTCOME` where its judge failed, and
+    `!! LABEL: FAILED: ERROR` where it has no outcome."""
+    if error:
+        return f"!! {label}: FAILED: {error}"
+    return f"{'ok' if passed else '!!'} {label}: {outcome}"
+
+
 class Tree(enum.StrEnum):
     STOCK = "stock"
     PATCHED = "patched"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy.upstream.checkout import checkout, pristine_tag
@@ -29,6 +31,31 @@ def prepare_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
     for tree in (pristine, patched):
         compile_tree(tree / "src")
     return {Tree.STOCK: pristine, Tree.PATCHED: patched}
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """Where a run works (OUT), what it builds its trees from (the patch series, the sdist cache) and the bound on
+    each of its launches: what every maintainer's run takes from its command line (`add_launch_arguments`)."""
+
+    out: Path
+    patches: Path
+    cache: Path
+    timeout: float
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Workspace:
+        return cls(args.out, args.patches, args.cache, args.timeout)
+
+    def ready_trees(self) -> dict[Tree, Path]:
+        return ready_trees(self.out, self.patches, self.cache)
+
+
+def ready_trees(out: Path, patches: Path, cache: Path) -> dict[Tree, Path]:
+    """Both trees (`prepare_trees`) and DeepSpeed's CPU op built: what every run needs before its first launch."""
+    trees = prepare_trees(out, patches, cache)
+    prebuild_deepspeed_ops(out)
+    return trees
 
 
 def compile_tree(src: Path) -> None:

@@ -63,18 +63,3 @@ def build(model: BenchModel, directory: Path) -> Path:
         built = getattr(transformers, model.model_class)(config).to(torch.bfloat16)
     built.save_pretrained(path, safe_serialization=True)
     return path
-
-
-def parameter_count(path: Path) -> int:
-    """Parameters in the checkpoint, from the safetensors headers (nothing loaded)."""
-    import json  # noqa: PLC0415
-    import math  # noqa: PLC0415
-    import struct  # noqa: PLC0415
-
-    total = 0
-    for shard in path.glob("*.safetensors"):
-        with shard.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return total

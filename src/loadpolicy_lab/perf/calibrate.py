@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -91,15 +92,21 @@ def predicted_figures(plan: Plan) -> dict[str, float]:
     }
 
 
-def measured_figures(row: dict[str, Any]) -> dict[str, float]:
-    """The same figures measured, minus the baseline of the kind of memory each counts, in bytes."""
+def measured_figures(launches: list[dict[str, Any]]) -> dict[str, float]:
+    """The same figures measured (the median over a case's launches, rows of bench.json), minus the baseline of the
+    kind of memory each counts, in bytes."""
     # Adding the baseline to the prediction instead would score the process's imports as if the model predicted them
-    anon, file = row["baseline_anon_gib"], row["baseline_file_gib"]
+    memory = [launch["memory"] for launch in launches]
+
+    def middle(figure: str) -> float:
+        return statistics.median(float(m[figure]) for m in memory)
+
+    anon, file = middle("baseline_anon_gib"), middle("baseline_file_gib")
     return {
-        "peak total": (row["peak_gib"]["median"] - anon - file) * GIB,
-        "peak anonymous": (row["peak_anon_gib"]["median"] - anon) * GIB,
-        "peak file-backed": (row["peak_file_gib"]["median"] - file) * GIB,
-        "held": (row["held_gib"]["median"] - anon - file) * GIB,
+        "peak total": (middle("peak_gib") - anon - file) * GIB,
+        "peak anonymous": (middle("peak_anon_gib") - anon) * GIB,
+        "peak file-backed": (middle("peak_file_gib") - file) * GIB,
+        "held": (middle("held_gib") - anon - file) * GIB,
     }
 
 
@@ -108,19 +115,23 @@ def _bench_model(name: str) -> BenchModel:
 
 
 def calibrate(bench: Path) -> list[CalibrationRow]:
-    measured_rows = [r for r in json.loads((bench / "bench.json").read_text(encoding="utf-8")) if not r["error"]]
+    cases: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for launch in json.loads((bench / "bench.json").read_text(encoding="utf-8")):
+        cases.setdefault((launch["shape"], launch["way"], launch["ranks"]), []).append(launch)
     inventories: dict[str, Inventory] = {}
     rows = []
-    for measured in measured_rows:
-        model = _bench_model(measured["model"])
+    for (name, case, ranks), launches in cases.items():
+        if any(launch["error"] for launch in launches):
+            continue
+        model = _bench_model(name)
         if model.name not in inventories:
             inventories[model.name] = inventory_from_config(model.transformers_config())
-        plan = predict(launch_for_case(measured["case"], measured["ranks"]), inventories[model.name])
-        held_out = (model.name, measured["case"], measured["ranks"]) in HELD_OUT
+        plan = predict(launch_for_case(case, ranks), inventories[model.name])
+        held_out = (model.name, case, ranks) in HELD_OUT
         rows += [
-            CalibrationRow(model.name, measured["case"], measured["ranks"], figure, value / GIB, got / GIB, held_out)
+            CalibrationRow(model.name, case, ranks, figure, value / GIB, got / GIB, held_out)
             for (figure, value), got in zip(
-                predicted_figures(plan).items(), measured_figures(measured).values(), strict=True
+                predicted_figures(plan).items(), measured_figures(launches).values(), strict=True
             )
         ]
     return rows

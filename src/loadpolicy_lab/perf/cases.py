@@ -96,6 +96,11 @@ class Reader(enum.StrEnum):
     # whole tensors only, so each rank streams whole the tensors `ranges.whole_owners` gives it (the experts where EP
     # puts them, the rest balanced by bytes): about the bytes of a partition load, in another cut
     RUNAI = "runai"
+    # fastsafetensors (`SafeTensorsFileLoader`, no GDS, its default buffer): it reads whole files, and shares them
+    # over ranks by broadcasting (`get_sharded`, which on gloo hangs on a split that does not divide evenly), so each
+    # rank reads whole the files `ranges.file_owners` gives it, in a process group of its own: the read alone, every
+    # byte once over the ranks, in the cut of its files
+    FASTSAFETENSORS = "fastsafetensors"
 
 
 # the peers `dev perf widths` reads beside the loads, and every way DCP can read (`perf rounds --ways`)
@@ -103,7 +108,9 @@ DCP_READERS = (Reader.DCP, Reader.DCP_EXPERTS)
 DCP_ANY = (*DCP_READERS, Reader.DCP_4_THREADS, Reader.DCP_8_THREADS)
 DCP_THREADS = {Reader.DCP_4_THREADS: 4, Reader.DCP_8_THREADS: 8}
 # the readers that hold what they read, each rank's tensors compared with the file's bytes afterwards
-HOLDING_READERS = (*DCP_ANY, Reader.RUNAI)
+HOLDING_READERS = (*DCP_ANY, Reader.RUNAI, Reader.FASTSAFETENSORS)
+# the readers that hold tensors whole, each on one rank: a rank compares the tensors it holds, not every tensor
+WHOLE_READERS = (Reader.DCP_EXPERTS, Reader.RUNAI, Reader.FASTSAFETENSORS)
 
 
 _BY_LABEL = {case.label: case for case in CASES}

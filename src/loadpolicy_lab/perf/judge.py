@@ -12,7 +12,7 @@ from pathlib import Path
 
 from loadpolicy.policy import PolicyName
 from loadpolicy_lab.harness.launch import Tree
-from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader, SaveWay
+from loadpolicy_lab.perf.cases import HOLDING_READERS, WHOLE_READERS, Case, Reader, SaveWay
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement, SaveMeasurement
 
 
@@ -73,7 +73,7 @@ def judge_reader(reader: Reader, results: list[ReaderMeasurement], total: int, t
     if reader in HOLDING_READERS:
         # rows: every rank holds a block of every tensor; tensors whole: the tensors it holds (every byte once over
         # the ranks is the check above)
-        whole = reader in (Reader.DCP_EXPERTS, Reader.RUNAI)
+        whole = reader in WHOLE_READERS
         held = [r.get("held", tensors) if whole else tensors for r in results]
         problems += [
             f"rank {r['rank']} compared {r['checked']} of {expected} tensors"

@@ -44,6 +44,11 @@ def read_spans(checkpoint: Path) -> list[TensorSpan]:
     return sorted(spans, key=lambda s: (s.file, s.start))
 
 
+def tensor_bytes(spans: list[TensorSpan]) -> int:
+    """The bytes of a checkpoint's tensors: its files without their headers."""
+    return sum(span.end - span.start for span in spans)
+
+
 def partition_range(span: TensorSpan, rank: int, world: int) -> tuple[int, int]:
     """The byte range of `span` that rank `rank` holds as ZeRO-3 partitions it: `ceil(numel / world)` elements per
     rank, the last rank's cut at the end."""
@@ -91,6 +96,20 @@ def whole_owners(spans: list[TensorSpan], world: int) -> dict[str, int]:
         rank = min(range(world), key=lambda r: (load[r], r))
         owners[span.name] = rank
         load[rank] += span.end - span.start
+    return owners
+
+
+def file_owners(spans: list[TensorSpan], world: int) -> dict[Path, int]:
+    """The rank that reads each file whole, for a reader whose unit is a file: largest first, each to the rank with
+    the fewest bytes so far (ties to the lower rank)."""
+    sizes: dict[Path, int] = {}
+    for span in spans:
+        sizes[span.file] = sizes.get(span.file, 0) + span.end - span.start
+    load, owners = [0] * world, {}
+    for file in sorted(sizes, key=lambda f: (-sizes[f], str(f))):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owners[file] = rank
+        load[rank] += sizes[file]
     return owners
 
 

@@ -8,8 +8,8 @@ that keeps that many requests in flight. `pread-kept` reads them so into fresh a
 chunk, all kept until the share is read: what any load pays at least, the disk and the pages it fills. `dcp` is the
 peer: torch DCP's `HuggingFaceStorageReader` (torchtitan's path) loading every tensor into a DTensor sharded by rows
 over the world, its bytes then compared with a plain read of the file; `runai`, Run:ai Model Streamer, reads whole
-tensors only: each rank the ones `ranges.whole_owners` gives it, compared alike. Writes OUT/rank<R>.json
-(`contract.ReaderMeasurement`).
+tensors only: each rank the ones `ranges.whole_owners` gives it, compared alike; `fastsafetensors` reads whole files:
+each rank the ones `ranges.file_owners` gives it. Writes OUT/rank<R>.json (`contract.ReaderMeasurement`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from loadpolicy_lab.harness.procfs import PeakSampler, io_counters, memory_statu
 from loadpolicy_lab.harness.rank import Rank, run_rank
 from loadpolicy_lab.perf.cases import DCP_ANY, DCP_THREADS, Reader
 from loadpolicy_lab.perf.contract import ReaderMeasurement, ReaderSpec
-from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, read_spans, share, whole_owners
+from loadpolicy_lab.perf.ranges import TensorSpan, expert_owners, file_owners, read_spans, share, whole_owners
 
 
 BUFFER = 64 << 20
@@ -182,12 +182,51 @@ def _stream_whole(spans: list[TensorSpan], rank: int, world: int) -> dict[str, A
         return dict(streamer.get_tensors())
 
 
+def _read_files(spans: list[TensorSpan], rank: int, world: int) -> dict[str, Any]:
+    """The files `ranges.file_owners` gives this rank, read whole by fastsafetensors into its host buffer (kept until
+    the comparison, as a load keeps what it reads); no GPUDirect Storage on this CPU."""
+    try:
+        from fastsafetensors import SafeTensorsFileLoader, SingleGroup  # noqa: PLC0415  # optional: a peer reader
+    except ImportError as error:
+        raise RuntimeError(
+            "the fastsafetensors reader needs fastsafetensors (pip install fastsafetensors==0.5.0; tox -e lab has it)"
+        ) from error
+    import torch  # noqa: PLC0415
+
+    owners = file_owners(spans, world)
+    mine = sorted(str(file) for file, owner in owners.items() if owner == rank)
+    if not mine:
+        return {}
+    # a group of its own: its broadcast of files to other ranks is what fails on gloo, and not what is measured
+    loader = SafeTensorsFileLoader(SingleGroup(), torch.device("cpu"), nogds=True)
+    loader.add_filenames({0: mine})
+    buffer = loader.copy_files_to_device()
+    _OPEN.append((buffer, loader))
+    return {span.name: buffer.get_tensor(span.name) for span in spans if str(span.file) in mine}
+
+
+# the fastsafetensors buffers and loaders a read keeps, closed once its tensors were compared
+_OPEN: list[Any] = []
+
+
 # keyed by the readers (string enums): a spec's plain string finds its entry
 _PREADS = {Reader.PREAD: _pread, Reader.PREAD_IN_FLIGHT: _pread_in_flight, Reader.PREAD_KEPT: _pread_kept}
+_WHOLE = {Reader.RUNAI: _stream_whole, Reader.FASTSAFETENSORS: _read_files}
 
 
 def _local(tensor: Any) -> Any:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _release() -> None:
+    """What a read kept until its values were compared: the kept chunks, fastsafetensors' buffers."""
+    for mapping in _KEPT:
+        mapping.close()
+    _KEPT.clear()
+    for buffer, loader in _OPEN:
+        buffer.close()
+        loader.close()
+    _OPEN.clear()
 
 
 def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
@@ -207,8 +246,8 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
     if spec["reader"] in DCP_ANY:
         whole_on = this.rank if spec["reader"] == Reader.DCP_EXPERTS else None
         state, _ = _dcp_destination(spans, this.world_size, whole_on)
-    elif spec["reader"] not in (*_PREADS, Reader.RUNAI):
-        accepted = sorted(map(str, [*DCP_ANY, *_PREADS, Reader.RUNAI]))
+    elif spec["reader"] not in (*_PREADS, *_WHOLE):
+        accepted = sorted(map(str, [*DCP_ANY, *_PREADS, *_WHOLE]))
         raise ValueError(f"reader {spec['reader']!r} is not one of {accepted}")
     torch.distributed.barrier()
     reset_resident_peak()
@@ -220,19 +259,19 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
             threads = DCP_THREADS.get(Reader(spec["reader"]), 1)
             dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint), thread_count=threads))
             share_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
-        elif spec["reader"] == Reader.RUNAI:
-            state = _stream_whole(spans, this.rank, this.world_size)
+        elif spec["reader"] in _WHOLE:
+            state = _WHOLE[Reader(spec["reader"])](spans, this.rank, this.world_size)
             share_bytes = sum(t.numel() * t.element_size() for t in state.values())
         else:
             share_bytes = _PREADS[Reader(spec["reader"])](ranges)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     io_after = io_counters()
     peak_hwm = memory_status()["VmHWM"]
-    for mapping in _KEPT:
-        mapping.close()
-    _KEPT.clear()
     this.stage("compare")
     checked, problems = _compare_with_file(state, spans) if state else (0, [])
+    held = len(state)
+    state.clear()
+    _release()
     torch.distributed.barrier()
     return {
         "rank": this.rank,
@@ -247,7 +286,7 @@ def _measure(this: Rank, spec: ReaderSpec) -> ReaderMeasurement:
         "peak_total": max(sampler.peak["total"], peak_hwm),
         "checked": checked,
         "value_problems": problems,
-        "held": len(state),
+        "held": held,
     }
 
 

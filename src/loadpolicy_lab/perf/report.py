@@ -1,17 +1,12 @@
-"""The real-width table, its goals and its plot, from the rows `perf.widths_run` measured: OUT/widths.md and
-OUT/widths.png."""
+"""The real-width report and its goals, from the rows `perf.widths_run` measured (written by `perf.writer`)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from loadpolicy_lab.perf.cases import PARTITION_READS
 from loadpolicy_lab.perf.rows import LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT, LIMITS, PEER, PEER_EXPERTS, Row
-
-
-def _figure(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+from loadpolicy_lab.perf.writer import figure
 
 
 def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> str:
@@ -49,9 +44,9 @@ def render_markdown(rows: list[Row], command: str = "", header: bool = True) -> 
         over, over_in_flight, over_kept = (_over(r, by_key.get((r.shape, r.ranks, limit))) for limit in LIMITS)
         values = "bytes only" if r.way in LIMITS else f"equal ({r.checked}){_logits(r)}"
         lines.append(
-            f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.seconds)} | {_figure(over)} | {_figure(over_in_flight)} "
-            f"| {_figure(over_kept)} | {_figure(r.peak_gib)} | {_figure(r.ideal_gib)} "
-            f"| {_figure(r.peak_over_ideal, 3)} | {_figure(r.read_rank_gib)} | {values} |"
+            f"| {r.shape} | {r.ranks} | {r.way} | {figure(r.seconds)} | {figure(over)} | {figure(over_in_flight)} "
+            f"| {figure(over_kept)} | {figure(r.peak_gib)} | {figure(r.ideal_gib)} "
+            f"| {figure(r.peak_over_ideal, 3)} | {figure(r.read_rank_gib)} | {values} |"
         )
     if header:
         lines += [*_until_trainable_table(rows), "", *goals(rows)]
@@ -70,7 +65,7 @@ def _until_trainable_table(rows: list[Row]) -> list[str]:
         "| shape | ranks | way | time s | peak GiB |",
         "|---|---:|---|---:|---:|",
         *(
-            f"| {r.shape} | {r.ranks} | {r.way} | {_figure(r.trainable_seconds)} | {_figure(r.trainable_peak_gib)} |"
+            f"| {r.shape} | {r.ranks} | {r.way} | {figure(r.trainable_seconds)} | {figure(r.trainable_peak_gib)} |"
             for r in trainable
         ),
     ]
@@ -84,7 +79,7 @@ def _logits(row: Row) -> str:
     if row.logits_bound is None:
         return ""
     figures = (row.logits_error, row.logits_bound, row.logits_from_one_process, row.logits_half_the_experts)
-    error, bound, stock, half = (_figure(value, 4) for value in figures)
+    error, bound, stock, half = (figure(value, 4) for value in figures)
     return f"; logits {error} <= {bound} (stock bf16 +- {stock}; half the experts: {half})"
 
 
@@ -101,13 +96,13 @@ def goals(rows: list[Row]) -> list[str]:
         stock = by_key.get((r.shape, r.ranks, "Zero3Init (stock)"))
         over = _over(r, limit)
         verdicts = [
-            f"{_figure(over)}x the limit ({'met' if over <= 1.5 else 'missed'})",
-            f"{_figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_IN_FLIGHT))))}x the limit with 4 in flight",
-            f"{_figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_KEPT))))}x the limit into memory kept",
-            f"peak {_figure(r.peak_over_ideal, 3)}x ideal ({'met' if _le(r.peak_over_ideal, 1.05) else 'missed'})",
-            f"{_figure(_over(peer, r))}x faster than DCP",
-            f"{_figure(_over(peer_experts, r))}x faster than DCP into the same sharding",
-            f"{_figure(_over(stock, r))}x faster than stock zero.Init",
+            f"{figure(over)}x the limit ({'met' if over <= 1.5 else 'missed'})",
+            f"{figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_IN_FLIGHT))))}x the limit with 4 in flight",
+            f"{figure(_over(r, by_key.get((r.shape, r.ranks, LIMIT_KEPT))))}x the limit into memory kept",
+            f"peak {figure(r.peak_over_ideal, 3)}x ideal ({'met' if _le(r.peak_over_ideal, 1.05) else 'missed'})",
+            f"{figure(_over(peer, r))}x faster than DCP",
+            f"{figure(_over(peer_experts, r))}x faster than DCP into the same sharding",
+            f"{figure(_over(stock, r))}x faster than stock zero.Init",
         ]
         lines.append(f"- {r.shape} x{r.ranks}, {r.way}: " + "; ".join(verdicts))
     return lines
@@ -122,38 +117,3 @@ def _over(row: Row | None, reference: Row | None) -> float:
 
 def _le(value: float | None, bound: float) -> bool:
     return value is not None and value <= bound
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415  # only the bench environment installs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    shapes = list(dict.fromkeys(r.shape for r in rows))
-    counts = sorted({r.ranks for r in rows})
-    ways = list(dict.fromkeys(r.way for r in rows))
-    figure, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4.5), squeeze=False)
-    width = 0.8 / max(1, len(ways))
-    for column, shape in enumerate(shapes):
-        axis = axes[0][column]
-        for index, way in enumerate(ways):
-            heights = [
-                next(
-                    (r.seconds or 0.0 for r in rows if (r.shape, r.ranks, r.way) == (shape, n, way) and not r.error),
-                    0.0,
-                )
-                for n in counts
-            ]
-            axis.bar(
-                [n + (index - len(ways) / 2) * width / len(counts) * 2 for n in range(len(counts))],
-                heights,
-                width * 2 / len(counts),
-                label=way,
-            )
-        axis.set_xticks(range(len(counts)), [f"{n} ranks" for n in counts])
-        axis.set_title(f"{shape}: seconds, slowest rank")
-        axis.grid(alpha=0.3, axis="y")
-        axis.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)

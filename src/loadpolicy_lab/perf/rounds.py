@@ -7,28 +7,28 @@ label, optionally with ", one read at a time": `HF_DEACTIVATE_ASYNC_LOAD=1`), th
 with `--trees`, each load of the patched tree runs on every tree given (a series against the one before it). Every
 launch is judged as `dev perf widths` judges it (values against the stock one-process load's fingerprints, logits
 within their bound; DCP's blocks against the file); a failed judge fails the command. The report gives each way's
-seconds per round, their median, and each way over the first in the same round. Writes OUT/rounds.md and
-OUT/rounds.json.
+seconds per round, their median, and each way over the first in the same round. Writes OUT/rounds.md,
+OUT/rounds.json and OUT/rounds.png (`perf.writer`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadpolicy.errors import CommandError, positive_int
 from loadpolicy_lab.harness.launch import Tree, add_launch_arguments
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import ready_trees
 from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.perf.cases import LOADS, PARTITION_READS, Case, Reader, has_autoep_preset
 from loadpolicy_lab.perf.rows import Row
 from loadpolicy_lab.perf.widths_run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
+from loadpolicy_lab.perf.writer import figure, grouped, median, ratio, table, values, write
 
 
 # transformers' switch for sequential loading, which the patched partition reads follow
@@ -43,6 +43,7 @@ READERS = {
     "DCP, 4 threads": Reader.DCP_4_THREADS,
     "DCP, 8 threads": Reader.DCP_8_THREADS,
     "Run:ai streamer": Reader.RUNAI,
+    "fastsafetensors": Reader.FASTSAFETENSORS,
 }
 LOADS_BY_LABEL = {case.label: case for case in LOADS}
 DEFAULT_CASE = "EPMeta: partition reads"
@@ -95,13 +96,6 @@ def round_order(ways: tuple[Way, ...], index: int) -> tuple[Way, ...]:
     return ways if index % 2 == 0 else ways[::-1]
 
 
-@dataclass(frozen=True, slots=True)
-class RoundRow:
-    round: int
-    way: str
-    row: Row
-
-
 def rounds(
     out: Path,
     trees: Mapping[str, Path],
@@ -112,7 +106,7 @@ def rounds(
     count: int,
     timeout: float,
     checkpoints: Path,
-) -> list[RoundRow]:
+) -> list[Row]:
     """`count` rounds of `ways` on one shape at `ranks`, each launch judged; `trees` by name, "stock" among them."""
     checkpoint = prepare_checkpoint(SHAPES_BY_NAME[shape], checkpoints, trees[Tree.STOCK.value], MAX_GIB, timeout)
     model_type = checkpoint.shape.architecture.transformers_config().model_type
@@ -130,11 +124,11 @@ def rounds(
                 env = SEQUENTIAL if way.sequential else None
                 row = load_once(checkpoint, way.case, ranks, tree, where, timeout, env=env)
             print(f"{shape} x{ranks} round {index}: {way.label}: {row.error or row.seconds}", flush=True)
-            found.append(RoundRow(index, way.label, row))
+            found.append(replace(row, way=way.label, round=index))
     return found
 
 
-def render_rounds(found: list[RoundRow], command: str) -> str:
+def render_rounds(found: list[Row], command: str) -> str:
     """Per shape and rank count: a line per round (each way's seconds, the slowest rank; each way over the first way
     in the same round), then each way's spread and median, and every failed launch."""
     lines = [
@@ -144,53 +138,50 @@ def render_rounds(found: list[RoundRow], command: str) -> str:
         "slowest rank (loads: `from_pretrained` and a first touch of every tensor). Every launch judged: loads' "
         "values against the stock one-process load, DCP's blocks against the file.",
     ]
-    groups: dict[tuple[str, int], list[RoundRow]] = {}
-    for item in found:
-        groups.setdefault((item.row.shape, item.row.ranks), []).append(item)
+    groups: dict[tuple[str, int], list[Row]] = {}
+    for row in found:
+        groups.setdefault((row.shape, row.ranks), []).append(row)
     for (shape, ranks), items in groups.items():
         lines += ["", f"## {shape}, {ranks} ranks", "", *_round_table(items), "", *_spread(items)]
     return "\n".join(lines) + "\n"
 
 
-def _round_table(items: list[RoundRow]) -> list[str]:
-    ways = list(dict.fromkeys(item.way for item in items))
+def _round_table(rows: list[Row]) -> list[str]:
+    ways = list(dict.fromkeys(row.way for row in rows))
     first, others = ways[0], ways[1:]
     by_round: dict[int, dict[str, Row]] = {}
-    for item in items:
-        by_round.setdefault(item.round, {})[item.way] = item.row
-    lines = [
-        f"| round | {' | '.join(ways)} |{''.join(f' {way} / {first} |' for way in others)}",
-        "|---:|" + "---:|" * (len(ways) + len(others)),
-    ]
-    for index, rows in sorted(by_round.items()):
-        seconds = {way: _seconds(row) for way, row in rows.items()}
-        cells = [f"{seconds[way]:.2f}" if seconds.get(way) is not None else "FAILED" for way in ways]
-        ratios = [_ratio(seconds.get(way), seconds.get(first)) for way in others]
-        lines.append(f"| {index} | {' | '.join(cells)} |{''.join(f' {r} |' for r in ratios)}")
-    return lines
+    for row in rows:
+        by_round.setdefault(row.round, {})[row.way] = row
+    lines = []
+    for index, launches in sorted(by_round.items()):
+        seconds = {way: _seconds(row) for way, row in launches.items()}
+        cells = [figure(seconds[way]) if seconds.get(way) is not None else "FAILED" for way in ways]
+        lines.append([str(index), *cells, *(ratio(seconds.get(way), seconds.get(first)) for way in others)])
+    head = ["round", *ways, *(f"{way} / {first}" for way in others)]
+    return table(head, [True] * len(head), lines)
 
 
-def _spread(items: list[RoundRow]) -> list[str]:
-    ways = list(dict.fromkeys(item.way for item in items))
+def _spread(rows: list[Row]) -> list[str]:
+    groups = grouped(rows)
+    ways = list(dict.fromkeys(row.way for row in rows))
     first = ways[0]
     lines = []
     for way in ways:
-        mine = {item.round: item.row for item in items if item.way == way}
-        values = [s for row in mine.values() if (s := _seconds(row)) is not None]
-        if not values:
+        mine = next(launches for (_, _, name), launches in groups.items() if name == way)
+        found = values(mine, lambda row: row.seconds)
+        if not found:
             continue
-        line = f"- {way}: {min(values):.2f}-{max(values):.2f} s, median {statistics.median(values):.2f} s"
-        peaks = [row.peak_over_ideal for row in mine.values() if _seconds(row) and row.peak_over_ideal is not None]
-        if peaks:
-            line += f"; peak {statistics.median(peaks):.3f}x (T/W + baseline), median"
+        line = f"- {way}: {min(found):.2f}-{max(found):.2f} s, median {statistics.median(found):.2f} s"
+        if (peak := median(mine, lambda row: row.peak_over_ideal)) is not None:
+            line += f"; peak {peak:.3f}x (T/W + baseline), median"
         if way != first:
-            reference = {item.round: _seconds(item.row) for item in items if item.way == first}
-            ratios = [s / b for r, row in mine.items() if (s := _seconds(row)) and (b := reference.get(r))]
+            reference = {row.round: _seconds(row) for row in rows if row.way == first}
+            ratios = [s / b for row in mine if (s := _seconds(row)) and (b := reference.get(row.round))]
             if ratios:
                 line += f"; over {first} in the same round: {min(ratios):.2f}-{max(ratios):.2f}x, median "
                 line += f"{statistics.median(ratios):.2f}x"
         lines.append(line)
-    return lines + [f"- FAILED {r.way} (round {r.round}): {r.row.error}" for r in items if r.row.error]
+    return lines + [f"- FAILED {row.way} (round {row.round}): {row.error}" for row in rows if row.error]
 
 
 def _folder(label: str) -> str:
@@ -200,10 +191,6 @@ def _folder(label: str) -> str:
 
 def _seconds(row: Row) -> float | None:
     return row.seconds if row.error is None else None
-
-
-def _ratio(top: float | None, bottom: float | None) -> str:
-    return "-" if top is None or not bottom else f"{top / bottom:.2f}x"
 
 
 def _tree(text: str) -> tuple[str, Path]:
@@ -244,8 +231,7 @@ def _run(args: argparse.Namespace) -> str:
     started = time.monotonic()
     names = [name for name, _ in args.trees] if args.trees else [Tree.PATCHED.value]
     ways = ways_for(args.ways or default_ways(args.case), names)  # a bad way is refused before minutes of building
-    prepared = prepare_trees(args.out, args.patches, args.cache)
-    prebuild_deepspeed_ops(args.out)
+    prepared = ready_trees(args.out, args.patches, args.cache)
     named = dict(args.trees or [(Tree.PATCHED.value, prepared[Tree.PATCHED])])
     trees = {Tree.STOCK.value: prepared[Tree.STOCK], **named}
     checkpoints = (args.checkpoints or args.out / "checkpoints").resolve()
@@ -269,8 +255,7 @@ def _run(args: argparse.Namespace) -> str:
         f"{asked}{given} --rounds {args.rounds}"
     )
     text = render_rounds(found, command)
-    (args.out / "rounds.md").write_text(text, encoding="utf-8")
-    (args.out / "rounds.json").write_text(json.dumps([asdict(r) for r in found], indent=2), encoding="utf-8")
-    if failed := [r for r in found if r.row.error]:
+    report = write(args.out, "rounds", text, found)
+    if failed := [r for r in found if r.error]:
         raise WidthsFailedError(f"{text}\n{len(failed)} launches failed")
-    return text + f"\n{len(found)} launches in {time.monotonic() - started:.0f}s: {args.out / 'rounds.md'}"
+    return text + f"\n{len(found)} launches in {time.monotonic() - started:.0f}s: {report}"

@@ -1,16 +1,20 @@
-"""A row of the real-width table: one way (a load, the read limit or the peer) of one shape at one rank count, made
-from its ranks' measurements."""
+"""The performance suite's one row: one launch of one way (a load, a reader, a save, a training step) of one model
+at one rank count, in one round, made from its ranks' measurements and judged. Every command of `dev perf` writes
+its rows through `perf.writer` (table, JSON, plot); repeats and rounds are rows with their `round`, summed up there.
+"""
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadpolicy.units import GIB
 from loadpolicy_lab.perf.cases import HOLDING_READERS, Case, Reader
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement
 from loadpolicy_lab.perf.judge import judge_load, judge_reader
+from loadpolicy_lab.perf.step import StepVerdict
 
 
 LIMIT = "limit: pread of each rank's share"
@@ -27,16 +31,44 @@ WAY_OF_READER = {
     Reader.DCP_4_THREADS: "DCP HuggingFaceStorageReader, 4 threads (peer)",
     Reader.DCP_8_THREADS: "DCP HuggingFaceStorageReader, 8 threads (peer)",
     Reader.RUNAI: "Run:ai Model Streamer, tensors whole (peer)",
+    Reader.FASTSAFETENSORS: "fastsafetensors, files whole (peer)",
 }
 LIMITS = (LIMIT, LIMIT_IN_FLIGHT, LIMIT_KEPT)
 
 
+class Kind(enum.StrEnum):
+    """What a row's launch did."""
+
+    LOAD = "load"  # `from_pretrained` (`perf.worker`)
+    READ = "read"  # a reader without transformers: a limit or a peer (`perf.reader_worker`)
+    SAVE = "save"  # a loaded model saved (`perf.save_worker`)
+    STEP = "step"  # one training step against one process (`perf.step_worker`)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A load's memory by kind, the largest rank's of each (GiB): what the cost model is calibrated against."""
+
+    peak_gib: float  # loading or touched, anonymous + file-backed
+    peak_anon_gib: float
+    peak_file_gib: float
+    load_peak_gib: float  # during `from_pretrained` alone
+    held_gib: float  # resident once every loaded tensor was touched
+    baseline_anon_gib: float  # before `from_pretrained`, on the rank with the largest RSS then
+    baseline_file_gib: float
+    owned_gib: float  # bytes of the parameters and buffers the rank holds
+    read_gib: float  # read from storage, summed over the ranks
+    rchar_rank_gib: float  # the most one rank's read calls returned while loading
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
-    shape: str
+    shape: str  # a bench model's name or a published shape's
     ranks: int
     way: str
-    checkpoint_gib: float
+    checkpoint_gib: float = 0.0
+    kind: Kind = Kind.LOAD
+    round: int = 0  # the repeat (bench) or round (`perf.rounds`) of this launch
     error: str | None = None
     seconds: float | None = None  # the slowest rank
     peak_gib: float | None = None  # the largest per-rank peak RSS
@@ -59,6 +91,19 @@ class Row:
     # patched loads: the slowest rank's seconds in partition reads alone (files opened to the last byte in place),
     # what a reader such as DCP does into tensors allocated beforehand; None where a rank read none
     reading_seconds: float | None = None
+    load_seconds: float | None = None  # loads: the slowest rank's `from_pretrained` alone
+    memory: Memory | None = None  # loads
+    # saves, per rank: peak while saving over, and minus, what it held before
+    peaks_over_held: tuple[float, ...] = field(default_factory=tuple)
+    peak_rises_gib: tuple[float, ...] = field(default_factory=tuple)
+    verdict: StepVerdict | None = None  # steps: against the one-process step
+
+    @property
+    def failed(self) -> bool:
+        """An error, or a step without a passing verdict."""
+        if self.kind is Kind.STEP:
+            return self.error is not None or self.verdict is None or bool(self.verdict.problems)
+        return self.error is not None
 
     @property
     def peak_over_ideal(self) -> float | None:
@@ -98,6 +143,27 @@ def load_row(
         logits_not_judged=results[0]["logits_not_judged"],
         trainable_seconds=trainable[0],
         trainable_peak_gib=trainable[1],
+        load_seconds=max(r["seconds"] for r in results),
+        memory=_memory(results),
+    )
+
+
+def _memory(results: list[LoadMeasurement]) -> Memory:
+    def peak(r: LoadMeasurement, kind: str) -> int:  # during loading, or once every loaded tensor was touched
+        return max(int(r[f"peak_{kind}"]), int(r[f"held_{kind}"]))  # type: ignore[literal-required]
+
+    before = max(results, key=lambda r: r["rss_before"])
+    return Memory(
+        peak_gib=max(peak(r, "total") for r in results) / GIB,
+        peak_anon_gib=max(peak(r, "anon") for r in results) / GIB,
+        peak_file_gib=max(peak(r, "file") for r in results) / GIB,
+        load_peak_gib=max(r["peak_total"] for r in results) / GIB,
+        held_gib=max(r["held_total"] for r in results) / GIB,
+        baseline_anon_gib=before["anon_before"] / GIB,
+        baseline_file_gib=before["file_before"] / GIB,
+        owned_gib=max(r["owned_bytes"] for r in results) / GIB,
+        read_gib=sum(r["read_bytes"] for r in results) / GIB,
+        rchar_rank_gib=max(r["rchar"] for r in results) / GIB,
     )
 
 
@@ -136,7 +202,7 @@ def reader_row(
     shape: str, reader: Reader, ranks: int, total: int, tensors: int, results: list[ReaderMeasurement] | str
 ) -> Row:
     """A reader's row: every byte of the checkpoint read exactly once over the ranks; DCP's blocks equal the file's."""
-    base = Row(shape, ranks, WAY_OF_READER[reader], total / GIB)
+    base = Row(shape, ranks, WAY_OF_READER[reader], total / GIB, kind=Kind.READ)
     if isinstance(results, str):
         return replace(base, error=results)
     problems = judge_reader(reader, results, total, tensors)

@@ -4,73 +4,68 @@ Every way runs in its own launch on the patched tree (load with partition reads,
 that write a checkpoint are compared with the checkpoint's tensors by rank 0, and a way whose files differ fails the
 command. Figures: the slowest rank's seconds, as a multiple of the write limit (every rank writing its partitions'
 bytes with plain `pwrite` + `fsync`) and against the gathered save; each rank's peak as a multiple of what it held
-before saving. Writes OUT/save.md and OUT/save.json. docs/benchmark.md.
+before saving. Writes OUT/save.md, OUT/save.json and OUT/save.png (`perf.writer`). docs/benchmark.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from loadpolicy.errors import positive_int
 from loadpolicy.units import GIB
-from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.launch import (
+    Tree,
+    ValidationFailedError,
+    add_launch_arguments,
+    launch,
+    progress,
+    read_results,
+)
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel, build
 from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.models.published import build as build_width
 from loadpolicy_lab.perf.cases import SaveWay, save_shape
 from loadpolicy_lab.perf.contract import SaveMeasurement, SaveSpec
 from loadpolicy_lab.perf.judge import judge_save
+from loadpolicy_lab.perf.rows import Kind, Row
+from loadpolicy_lab.perf.writer import figure, key, ratio, table, write
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    model: str
-    ranks: int
-    way: str
-    error: str | None = None  # a launch that did not complete, or files that are not the checkpoint's
-    seconds: float | None = None  # the slowest rank's save
-    peak_over_held: list[float] = field(default_factory=list)  # per rank: peak while saving / resident before
-    peak_rise_gib: list[float] = field(default_factory=list)  # per rank: peak while saving - resident before
-    compared: int = 0  # tensors rank 0 compared with the checkpoint
-
-
-def _row(model: BenchModel, ranks: int, way: SaveWay, results: list[SaveMeasurement] | str) -> Row:
+def save_row(model: BenchModel, ranks: int, way: SaveWay, results: list[SaveMeasurement] | str) -> Row:
+    """A save's row: another policy, or files that are not the checkpoint's, fail it."""
+    base = Row(model.name, ranks, str(way), kind=Kind.SAVE)
     if isinstance(results, str):
-        return Row(model.name, ranks, str(way), error=results)
+        return replace(base, error=results)
     expected = "EPMeta" if model.moe else "Zero3Init"
     problems = judge_save(way, results, expected)
-    return Row(
-        model.name,
-        ranks,
-        str(way),
+    return replace(
+        base,
         error="; ".join(problems) or None,
         seconds=max(r["seconds"] for r in results),
-        peak_over_held=[round(r["peak_total"] / r["held_total"], 3) for r in results],
-        peak_rise_gib=[round((r["peak_total"] - r["held_total"]) / GIB, 3) for r in results],
-        compared=results[0]["compared"],
+        peak_gib=max(r["peak_total"] for r in results) / GIB,
+        peaks_over_held=tuple(round(r["peak_total"] / r["held_total"], 3) for r in results),
+        peak_rises_gib=tuple(round((r["peak_total"] - r["held_total"]) / GIB, 3) for r in results),
+        checked=results[0]["compared"],
     )
 
 
 def save_bench(
-    out: Path,
-    patches: Path,
-    cache: Path,
+    where: Workspace,
     *,
     models: tuple[BenchModel, ...],
     checkpoint_of: Callable[[BenchModel], Path],
     ranks: int,
-    timeout: float,
     ways: tuple[SaveWay, ...],
 ) -> list[Row]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+    out, timeout = where.out, where.timeout
+    trees = where.ready_trees()
     rows = []
     for model in models:
         checkpoint = checkpoint_of(model)
@@ -94,7 +89,7 @@ def save_bench(
                 ranks,
                 timeout,
             )
-            row = _row(model, ranks, way, read_results(launched, SaveMeasurement))
+            row = save_row(model, ranks, way, read_results(launched, SaveMeasurement))
             shutil.rmtree(directory, ignore_errors=True)  # a checkpoint's worth of disk per way
             print(_line(row), flush=True)
             rows.append(row)
@@ -102,18 +97,14 @@ def save_bench(
 
 
 def _line(row: Row) -> str:
-    label = f"{row.model} x{row.ranks} | {row.way}"
-    if row.error:
-        return f"!! {label}: FAILED: {row.error}"
-    return f"ok {label}: {row.seconds:.2f}s, peak / held {max(row.peak_over_held):.3f}"
-
-
-def _ratio(value: float | None, reference: float | None) -> str:
-    return "-" if value is None or not reference else f"{value / reference:.2f}x"
+    peak = max(row.peaks_over_held, default=math.nan)
+    return progress(
+        f"{row.shape} x{row.ranks} | {row.way}", row.error, f"{figure(row.seconds)}s, peak / held {peak:.3f}"
+    )
 
 
 def render_markdown(rows: list[Row], command: str) -> str:
-    lines = [
+    header = [
         "# Saving a loaded ZeRO-3 model",
         "",
         f"`{command}`; patched tree, CPU gloo, bf16; every way in its own launch after loading with partition reads. "
@@ -122,24 +113,33 @@ def render_markdown(rows: list[Row], command: str) -> str:
         "memory while saving over what it held before. Files of `partitions` and `gathered` compared tensor by "
         "tensor with the checkpoint by rank 0; DeepSpeed's 16-bit save writes its own layout and is not compared.",
         "",
-        "| model | ranks | way | time s | x limit | vs gathered | peak / held, per rank | peak rise GiB | files |",
-        "|---|---:|---|---:|---:|---:|---|---|---|",
     ]
-    by_key = {(r.model, r.ranks, r.way): r for r in rows}
+    by_key = {key(r): r for r in rows}
+    lines = []
     for r in rows:
         if r.error:
-            lines.append(f"| {r.model} | {r.ranks} | {r.way} | - | - | - | - | - | FAILED: {r.error[:200]} |")
+            lines.append([r.shape, str(r.ranks), r.way, *["-"] * 5, f"FAILED: {r.error[:200]}"])
             continue
-        limit = by_key.get((r.model, r.ranks, str(SaveWay.WRITE_LIMIT)), Row("", 0, ""))
-        gathered = by_key.get((r.model, r.ranks, str(SaveWay.GATHERED)), Row("", 0, ""))
-        files = f"equal ({r.compared} tensors)" if SaveWay(r.way).value_checked else "not compared"
+        limit = by_key.get((r.shape, r.ranks, str(SaveWay.WRITE_LIMIT)))
+        gathered = by_key.get((r.shape, r.ranks, str(SaveWay.GATHERED)))
+        files = f"equal ({r.checked} tensors)" if SaveWay(r.way).value_checked else "not compared"
         lines.append(
-            f"| {r.model} | {r.ranks} | {r.way} | {r.seconds:.2f} | {_ratio(r.seconds, limit.seconds)} | "
-            f"{_ratio(gathered.seconds, r.seconds)} faster | "
-            f"{', '.join(f'{x:.3f}' for x in r.peak_over_held)} | {', '.join(f'{x:.2f}' for x in r.peak_rise_gib)} | "
-            f"{files} |"
+            [
+                r.shape,
+                str(r.ranks),
+                r.way,
+                figure(r.seconds),
+                ratio(r.seconds, limit.seconds if limit else None),
+                f"{ratio(gathered.seconds if gathered else None, r.seconds)} faster",
+                ", ".join(f"{x:.3f}" for x in r.peaks_over_held),
+                ", ".join(f"{x:.2f}" for x in r.peak_rises_gib),
+                files,
+            ]
         )
-    return "\n".join(lines) + "\n"
+    head = ["model", "ranks", "way", "time s", "x limit", "vs gathered", "peak / held, per rank", "peak rise GiB"]
+    head.append("files")
+    numeric = [False, True, False, True, True, True, False, False, False]
+    return "\n".join([*header, *table(head, numeric, lines)]) + "\n"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,23 +172,19 @@ def _run(args: argparse.Namespace) -> str:
     if args.shape:
         models = tuple(SHAPES_BY_NAME[name].architecture for name in args.shape)
     rows = save_bench(
-        args.out,
-        args.patches,
-        args.cache,
+        Workspace.of(args),
         models=models,
         checkpoint_of=checkpoint_of,
         ranks=args.ranks,
-        timeout=args.timeout,
         ways=ways,
     )
     command = f"loadpolicy dev perf save --ranks {args.ranks}" + (" --smoke" if args.smoke else "")
     command += "".join(f" --shape {name}" for name in args.shape or ())
     text = render_markdown(rows, command)
-    (args.out / "save.md").write_text(text, encoding="utf-8")
-    (args.out / "save.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
+    report = write(args.out, "save", text, rows)
     if failed := [r for r in rows if r.error]:
         raise SaveBenchFailedError(f"{text}\n{len(failed)} saves failed: " + "; ".join(_line(r) for r in failed))
-    return text + f"\n{args.out / 'save.md'}"
+    return text + f"\n{report}"
 
 
 class SaveBenchFailedError(ValidationFailedError):

@@ -5,29 +5,30 @@ By default the smallest published shape, cut to STEP_LAYERS layers, at 2 ranks: 
 their float32 copies and gradients (10 bytes a parameter over the ranks) beside the modules it gathers, and the three
 layers of DeepSeek-V2-Lite's table shape took 9.5 GB per rank before one was OOM-killed on this 24 GiB machine. A
 launch fails the command when a rank fails, reports another policy than its case's, or its step is not the reference's
-within the bound. Writes OUT/step.md and OUT/step.json; docs/benchmark.md ("One training step at width").
+within the bound. Writes OUT/step.md and OUT/step.json (`perf.writer`); docs/benchmark.md ("One training step at
+width").
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from loadpolicy.errors import positive_int
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, launch, read_results
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build, checkpoint_bytes, with_layers
 from loadpolicy_lab.perf.cases import LOADS, Case
+from loadpolicy_lab.perf.rows import Kind, Row
 from loadpolicy_lab.perf.run import FIXED_MALLOC, one_process
-from loadpolicy_lab.perf.step import REFERENCE_NAME, StepVerdict, judge_step
+from loadpolicy_lab.perf.step import REFERENCE_NAME, judge_step
 from loadpolicy_lab.perf.step_worker import StepRank, StepSpec
 from loadpolicy_lab.perf.widths_run import MAX_GIB
+from loadpolicy_lab.perf.writer import write
 
 
 # every way of loading that trains under ZeRO-3; stock zero.Init is the control the bound must pass too
@@ -42,20 +43,6 @@ def smallest_shape() -> WidthShape:
 
 # DeepSeek-V2-Lite's first dense layer and first MoE layer; a shape with fewer layers keeps them all
 STEP_LAYERS = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    shape: str
-    case: str
-    ranks: int
-    seconds: float
-    verdict: StepVerdict | None = None
-    error: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None or self.verdict is None or bool(self.verdict.problems)
 
 
 def replicas(case: Case, ranks: int) -> int:
@@ -91,30 +78,22 @@ def step_once(
     )
     results = read_results(launched, StepRank)
     seconds = time.monotonic() - start
+    row = Row(checkpoint.name, ranks, case.label, kind=Kind.STEP, seconds=seconds)
     if isinstance(results, str):
-        return Row(checkpoint.name, case.label, ranks, seconds, error=results)
+        return replace(row, error=results)
     expected = case.policy if case.tree is Tree.PATCHED else None
     if wrong := [f"rank {r['rank']} selected {r['policy']}" for r in results if r["policy"] != expected]:
-        return Row(checkpoint.name, case.label, ranks, seconds, error=f"{'; '.join(wrong)}, expected {expected}")
+        return replace(row, error=f"{'; '.join(wrong)}, expected {expected}")
     reference = torch.load(reference_path, weights_only=True)
-    verdict = judge_step(reference, [r["loss"] for r in results], [r["samples"] for r in results])
-    return Row(checkpoint.name, case.label, ranks, seconds, verdict=verdict)
+    return replace(row, verdict=judge_step(reference, [r["loss"] for r in results], [r["samples"] for r in results]))
 
 
 def widths_step(
-    out: Path,
-    patches: Path,
-    cache: Path,
-    checkpoints: Path,
-    shape: WidthShape,
-    ranks: int,
-    timeout: float,
-    cases: tuple[Case, ...] = STEP_CASES,
+    where: Workspace, checkpoints: Path, shape: WidthShape, ranks: int, cases: tuple[Case, ...] = STEP_CASES
 ) -> list[Row]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+    trees, timeout = where.ready_trees(), where.timeout
     path, model_class, reference = prepare_step(shape, checkpoints, trees[Tree.STOCK], timeout)
-    runs = out / "runs"
+    runs = where.out / "runs"
     return [
         step_once(path, model_class, reference, case, ranks, trees, runs / case.label.replace(" ", "_"), timeout)
         for case in cases
@@ -146,12 +125,12 @@ def render_markdown(rows: list[Row], command: str) -> str:
     ]
     for row in rows:
         if row.verdict is None:
-            lines.append(f"| {row.shape} | {row.case} | {row.ranks} | - | - | - | - | failed: {row.error} |")
+            lines.append(f"| {row.shape} | {row.way} | {row.ranks} | - | - | - | - | failed: {row.error} |")
             continue
         v = row.verdict
         verdict = "; ".join(v.problems[:3]) + (" ..." if len(v.problems) > 3 else "") if v.problems else "pass"
         lines.append(
-            f"| {row.shape} | {row.case} | {row.ranks} | {v.loss:.5f} ({v.loss_float32:.5f} / {v.loss_bf16:.5f}) |"
+            f"| {row.shape} | {row.way} | {row.ranks} | {v.loss:.5f} ({v.loss_float32:.5f} / {v.loss_bf16:.5f}) |"
             f" {_ratio(v.grad_ratio)} ({v.grad_worst}) | {_ratio(v.weight_ratio)} ({v.weight_worst}) |"
             f" {_ratio(v.reach)} | {verdict} |"
         )
@@ -177,12 +156,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _run(args: argparse.Namespace) -> str:
     shape = with_layers(SHAPES_BY_NAME[args.shape], args.layers)
     cases = tuple(case for case in STEP_CASES if not args.case or case.label in args.case)
-    rows = widths_step(args.out, args.patches, args.cache, args.checkpoints, shape, args.ranks, args.timeout, cases)
+    rows = widths_step(Workspace.of(args), args.checkpoints, shape, args.ranks, cases)
     command = f"loadpolicy dev perf step --shape {args.shape} --layers {args.layers} --ranks {args.ranks}"
     text = render_markdown(rows, command + "".join(f" --case '{case.label}'" for case in cases if args.case))
-    (args.out / "step.md").write_text(text, encoding="utf-8")
-    as_json: list[dict[str, Any]] = [asdict(row) for row in rows]
-    (args.out / "step.json").write_text(json.dumps(as_json, indent=2), encoding="utf-8")
+    write(args.out, "step", text, rows, plot=False)
     if failed := [row for row in rows if row.failed]:
         raise StepFailedError(f"{text}\n{len(failed)} of {len(rows)} steps failed")
     return text

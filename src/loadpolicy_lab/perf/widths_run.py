@@ -4,7 +4,7 @@ Per shape and rank count, from a cold page cache each time: the limit (every ran
 `preadv`), each transformers load (`perf.worker`: time, peaks, values against the stock one-process load) and torch
 DCP's `HuggingFaceStorageReader`. A load or read whose values are not the checkpoint's, or whose launch fails, fails
 the command; the goals (partition reads within 1.5x the limit, peak <= 1.05x (T/W + baseline)) are reported, not
-enforced. Writes OUT/widths.md, OUT/widths.json and OUT/widths.png; docs/benchmark.md ("Real widths").
+enforced. Writes OUT/widths.md, OUT/widths.json and OUT/widths.png (`perf.writer`); docs/benchmark.md ("Real widths").
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ from loadpolicy_lab.harness.launch import (
 )
 from loadpolicy_lab.harness.procfs import evict_from_page_cache
 from loadpolicy_lab.harness.rank import Contract
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.models.published import SHAPES, SHAPES_BY_NAME, WidthShape, build
 from loadpolicy_lab.perf.calibrate import calibrate_widths, render_calibration
 from loadpolicy_lab.perf.cases import DCP_READERS, LOADS, Case, Reader, has_autoep_preset
 from loadpolicy_lab.perf.contract import LoadMeasurement, ReaderMeasurement, ReaderSpec
-from loadpolicy_lab.perf.ranges import read_spans
-from loadpolicy_lab.perf.report import plot, render_markdown
+from loadpolicy_lab.perf.ranges import read_spans, tensor_bytes
+from loadpolicy_lab.perf.report import render_markdown
 from loadpolicy_lab.perf.rows import Row, load_row, reader_row
 from loadpolicy_lab.perf.run import launch_load, logits_reference_file, reference_file
+from loadpolicy_lab.perf.writer import write
 
 
 # the size guard: a checkpoint larger than this (GiB) is refused
@@ -150,33 +151,28 @@ def prepare_checkpoint(shape: WidthShape, directory: Path, stock: Path, max_gib:
     reference = reference_file(path, model_class, stock, references, timeout)
     logits = logits_reference_file(path, model_class, stock, references, timeout)
     parameters = len(json.loads(reference.read_text(encoding="utf-8"))["fingerprints"])
-    total = sum(s.end - s.start for s in spans)
+    total = tensor_bytes(spans)
     return Checkpoint(shape, path, total, len(spans), reference, parameters, logits)
 
 
 def widths(
-    out: Path,
-    patches: Path,
-    cache: Path,
+    where: Workspace,
     *,
     shapes: tuple[WidthShape, ...],
     ranks: tuple[int, ...],
     max_gib: float,
-    timeout: float,
     rejudge: bool = False,
     checkpoints: Path | None = None,
 ) -> list[Row]:
-    if rejudge:  # the trees and runs of the last run, as they are
-        trees = {tree: out.resolve() / "trees" / tree.value for tree in Tree}
-    else:
-        trees = prepare_trees(out, patches, cache)
-        prebuild_deepspeed_ops(out)
+    out, timeout = where.out, where.timeout
+    # with `rejudge`, the trees and runs of the last run, as they are
+    trees = {tree: out.resolve() / "trees" / tree.value for tree in Tree} if rejudge else where.ready_trees()
     rows: list[Row] = []
     for shape in shapes:
         checkpoint = prepare_checkpoint(shape, checkpoints or out / "checkpoints", trees[Tree.STOCK], max_gib, timeout)
         for count in ranks:
-            where = out / "runs" / f"{shape.name}-{count}"
-            rows += _read_every_way(checkpoint, count, trees, where, timeout, rejudge=rejudge)
+            runs = out / "runs" / f"{shape.name}-{count}"
+            rows += _read_every_way(checkpoint, count, trees, runs, timeout, rejudge=rejudge)
     return rows
 
 
@@ -201,13 +197,10 @@ def _run(args: argparse.Namespace) -> str:
     shapes = tuple(SHAPES_BY_NAME[name] for name in args.shape) if args.shape else SHAPES
     ranks = tuple(args.ranks or (2, 4))
     rows = widths(
-        args.out,
-        args.patches,
-        args.cache,
+        Workspace.of(args),
         shapes=shapes,
         ranks=ranks,
         max_gib=args.max_gib,
-        timeout=args.timeout,
         rejudge=args.rejudge,
         checkpoints=args.checkpoints,
     )
@@ -217,14 +210,12 @@ def _run(args: argparse.Namespace) -> str:
         + "".join(f" --ranks {n}" for n in ranks if args.ranks)
     )
     text = render_markdown(rows, command)
-    (args.out / "widths.md").write_text(text, encoding="utf-8")
-    (args.out / "widths.json").write_text(json.dumps([asdict(r) for r in rows], indent=2), encoding="utf-8")
-    plot(rows, args.out / "widths.png")
+    report = write(args.out, "widths", text, rows)
     calibration = render_calibration(calibrate_widths([asdict(r) for r in rows]))
     (args.out / "calibration.md").write_text(calibration + "\n", encoding="utf-8")
     if failed := [r for r in rows if r.error]:
         raise WidthsFailedError(f"{text}\n{len(failed)} reads failed")
-    return text + f"\n{calibration}\n\n{len(rows)} rows in {time.monotonic() - started:.0f}s: {args.out / 'widths.md'}"
+    return text + f"\n{calibration}\n\n{len(rows)} rows in {time.monotonic() - started:.0f}s: {report}"
 
 
 class WidthsFailedError(ValidationFailedError):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loadpolicy.errors import positive_int
 from loadpolicy_lab.harness.launch import ValidationFailedError, add_launch_arguments, launch, read_results
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.models.bench import FULL, SMOKE, BenchModel
 from loadpolicy_lab.models.bench import build as build_model
 from loadpolicy_lab.throughput.cases import Way
@@ -29,9 +29,7 @@ WORKER = "loadpolicy_lab.throughput.worker"
 
 
 def throughput(
-    out: Path,
-    patches: Path,
-    cache: Path,
+    where: Workspace,
     *,
     model: BenchModel,
     ways: tuple[str, ...] = tuple(Way),
@@ -42,10 +40,9 @@ def throughput(
     eps: tuple[int, ...],
     steps: int,
     sequence: int,
-    timeout: float,
 ) -> list[Row]:
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+    out, timeout = where.out, where.timeout
+    trees = where.ready_trees()
     checkpoint = build_model(model, out.resolve() / "checkpoints")
     config = model.transformers_config()
     rows = []
@@ -200,9 +197,7 @@ def _run(args: argparse.Namespace) -> str:
     sequence = 64 if args.smoke else args.sequence
     started = time.monotonic()
     rows = throughput(
-        args.out,
-        args.patches,
-        args.cache,
+        Workspace.of(args),
         model=model,
         ways=tuple(args.way or Way),
         experts_implementation=args.experts_implementation,
@@ -212,7 +207,6 @@ def _run(args: argparse.Namespace) -> str:
         eps=eps,
         steps=args.steps,
         sequence=sequence,
-        timeout=args.timeout,
     )
     command = (
         "loadpolicy dev throughput"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loadpolicy_lab.harness.launch import Launcher, Tree, run_bounded, tree_env
-from loadpolicy_lab.harness.trees import prebuild_deepspeed_ops, prepare_trees
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.matrix.cases import Run, Scenario
 from loadpolicy_lab.matrix.run import RunOutcome, run_scenario
 from loadpolicy_lab.models.checkpoints import build_references
@@ -46,12 +46,10 @@ def generate_checkpoints(stock: Path, out: Path, timeout: float, only: list[str]
     return manifest
 
 
-def run_architectures(
-    out: Path, patches: Path, cache: Path, *, timeout: float, only: list[str], ranks: tuple[int, ...] = RANKS
-) -> int:
+def run_architectures(where: Workspace, *, only: list[str], ranks: tuple[int, ...] = RANKS) -> int:
     started = time.monotonic()
-    trees = prepare_trees(out, patches, cache)
-    prebuild_deepspeed_ops(out)
+    out, timeout = where.out, where.timeout
+    trees = where.ready_trees()
     checkpoints = out.resolve() / "checkpoints"
     manifest = generate_checkpoints(trees[Tree.STOCK], checkpoints, timeout * 4, only)
     built = {name: entry["model_class"] for name, entry in manifest.items() if entry.get("built")}

@@ -15,6 +15,7 @@ from loadpolicy_lab.faults.run import FaultOutcome, build_fault_checkpoints, run
 from loadpolicy_lab.harness.device import describe_launches, visible_gpus
 from loadpolicy_lab.harness.launch import Tree, ValidationFailedError, add_launch_arguments, stop_every_launch
 from loadpolicy_lab.harness.pool import run_all
+from loadpolicy_lab.harness.trees import Workspace
 from loadpolicy_lab.matrix.cases import Run, fast_matrix, full_matrix
 from loadpolicy_lab.matrix.run import RunOutcome, prepare_matrix, run_scenario
 from loadpolicy_lab.parity.cases import PARITY_FAST, PARITY_FULL, PARITY_MAIN, ParityCase
@@ -31,12 +32,9 @@ from loadpolicy_lab.validate.report import (
 
 
 def validate(
-    out: Path,
-    patches: Path,
-    cache: Path,
+    where: Workspace,
     *,
     fast: bool,
-    timeout: float,
     command: str,
     sweep: bool = False,
     jobs: int | None = None,
@@ -52,7 +50,8 @@ def validate(
     ranks = [run.ranks for run in runs] + [r for _, r in bad_inputs]
     ranks += [r for case in cases for r in (case.ranks, case.resumed_ranks) if r]
     print(describe_launches(ranks, gpus))
-    trees, checkpoints = prepare_matrix(out, patches, cache, timeout)
+    out, timeout = where.out, where.timeout
+    trees, checkpoints = prepare_matrix(out, where.patches, where.cache, timeout)
     variants = build_fault_checkpoints(checkpoints)
     print(f"{len(runs)} loads, {len(cases)} training cases, {len(bad_inputs)} bad inputs; {jobs} launch(es) at a time")
     work = _launches(runs, cases, bad_inputs, trees, checkpoints, variants, out, timeout)
@@ -172,19 +171,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _run(args: argparse.Namespace) -> str:
     if args.architectures:
         only = [] if args.architectures == ["all"] else args.architectures
-        if run_architectures(args.out, args.patches, args.cache, timeout=args.timeout, only=only):
+        if run_architectures(Workspace.of(args), only=only):
             raise ValidationFailedError(
                 "some model types that plain EP loads on stock fail under ZeRO-3: see the table"
             )
         return "every model type that plain EP loads on stock loads under ZeRO-3 on the patched tree"
     command = "loadpolicy dev validate" + (" --fast" if args.fast else "") + (" --sweep" if args.sweep else "")
     code = validate(
-        args.out,
-        args.patches,
-        args.cache,
+        Workspace.of(args),
         fast=args.fast,
         sweep=args.sweep,
-        timeout=args.timeout,
         command=command,
         jobs=args.jobs,
     )

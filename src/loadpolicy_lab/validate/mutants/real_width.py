@@ -88,4 +88,4 @@ def passes_at_real_width(check: RealWidth, code: Path, stock: Path, checkpoints:
         timeout=REAL_WIDTH_TIMEOUT,
         checkpoints=checkpoints,
     )
-    return not any(item.row.error for item in found), render_rounds(found, check.label)
+    return not any(row.error for row in found), render_rounds(found, check.label)
