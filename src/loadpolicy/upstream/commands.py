@@ -13,6 +13,7 @@ from loadpolicy.upstream.checkout import checkout, pristine_tag
 from loadpolicy.upstream.fetch import fetch_unpinned
 from loadpolicy.upstream.pin import UpstreamError, read_pin
 from loadpolicy.upstream.refresh import refresh
+from loadpolicy.upstream.released import released_deepspeed_python
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.series_check import check_series
 from loadpolicy.upstream.size_table import read_positions, size_problems, sizes_by_pr, table_rows, with_counted_sizes
@@ -72,6 +73,11 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     stack.add_argument(
         "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
+    )
+    stack.add_argument(
+        "--released-deepspeed",
+        action="store_true",
+        help="import and test the PRs that need nothing against the DeepSpeed release the DeepSpeed series pins",
     )
     _common(stack)
     stack.set_defaults(handler=_stack)
@@ -150,7 +156,12 @@ def _stack(args: argparse.Namespace) -> str:
     digest = series_digest(series)
     if args.write_record is not None:
         require_tree_is_series(tree, pristine_tag(pin), series)
-    results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, args.standalone_tests_only)
+    released = None
+    if args.released_deepspeed:
+        deepspeed = read_pin(args.patches / "deepspeed" / "UPSTREAM")
+        python = released_deepspeed_python(tree.parent / f"{tree.name}-released", deepspeed, args.cache)
+        released = (python, f"released DeepSpeed {deepspeed.version}")
+    results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, args.standalone_tests_only, released)
     lines = [r.describe() for r in results]
     if args.write_record is None:
         return "\n".join(lines)

@@ -23,13 +23,14 @@ def has_pip(python: str) -> bool:
     return probe.returncode == 0
 
 
-def pip_command() -> list[str]:
-    """`python -m pip` for this environment, or the base interpreter's pip aimed at it."""
+def pip_command(target: str | None = None) -> list[str]:
+    """`python -m pip` for this environment, or the base interpreter's pip aimed at it; with `target`, a pip aimed
+    at that interpreter's environment instead."""
     if has_pip(sys.executable):
-        return [sys.executable, "-m", "pip"]
+        return [sys.executable, "-m", "pip", *(["--python", target] if target else [])]
     base = getattr(sys, "_base_executable", sys.executable)
     if has_pip(base):
-        return [base, "-m", "pip", "--python", sys.executable]
+        return [base, "-m", "pip", "--python", target or sys.executable]
     raise UpstreamError(
         f"No pip for {sys.executable}: this environment has none (tox-uv makes environments without it) and neither "
         f"has {base}. Install pip into either (`{base} -m ensurepip`), or set `uv_seed = true` for tox-uv."

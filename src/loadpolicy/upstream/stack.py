@@ -32,6 +32,7 @@ class PrefixResult:
     seconds: float
     alone: bool  # checked on the pristine sources with its own patches only
     tests_ran: bool = True  # False: its tests left to the full check
+    against: str = ""  # the DeepSpeed its tests ran against, where not the running environment's
 
     def describe(self) -> str:
         where = (
@@ -39,6 +40,7 @@ class PrefixResult:
             if self.alone
             else (f"patches 1-{self.patches}")
         )
+        where += f" against {self.against}" if self.against else ""
         tests = (
             f"its {len(self.tests)} test(s) pass" if self.tests_ran else f"its {len(self.tests)} test(s) not run here"
         )
@@ -113,12 +115,19 @@ def _worktree(tree: Path, base: str, commits: list[str], first: int, end: int, a
 
 
 def check_prefixes(
-    tree: Path, series: Series, base: str, timeout: float = 1200.0, standalone_tests_only: bool = False
+    tree: Path,
+    series: Series,
+    base: str,
+    timeout: float = 1200.0,
+    standalone_tests_only: bool = False,
+    released: tuple[Path, str] | None = None,
 ) -> list[PrefixResult]:
     """For each PR: a worktree at its last patch (or its patches alone on `base`); it imports, and its tests pass.
 
     `standalone_tests_only`: run the tests of the PRs checked alone on `base` only; the others' prefixes are imported,
     their tests left to the full check (`tox -e stack`) and to the run of every test on the whole series.
+    `released`: an interpreter and what it has (`released.released_deepspeed_python`, the DeepSpeed release) that
+    imports and tests the PRs checked alone, which must not need the DeepSpeed series.
     """
     commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
     if len(commits) != len(series.names):
@@ -129,21 +138,23 @@ def check_prefixes(
         before = _tests_at(tree, base, commits[first - 2]) if first > 1 else set()
         added = sorted(_tests_at(tree, base, commits[end - 1]) - before)
         ran = alone or not standalone_tests_only
+        python, against = released if alone and released else (Path(sys.executable), "")
         worktree = _worktree(tree, base, commits, first, end, alone)
         try:
             changed = python_files_changed(tree, commits[first - 1 : end])
             modules = ["transformers", *_modules_changed(changed)]
-            _run([sys.executable, "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
+            _run([str(python), "-c", f"import {', '.join(modules)}"], worktree, label, timeout)
             if problems := style_problems(worktree, changed, ruff_for(worktree)):
                 where = "alone on the pristine sources" if alone else f"on patches 1-{end}"
                 raise UpstreamError(f"{label}, {where}, fails the tree's own ruff:\n" + "\n".join(problems))
             if added and ran:
-                summary = _pytest(worktree, added, label, timeout)
+                summary = _pytest(worktree, added, label, timeout, python)
                 if "skipped" in summary:  # a PR's own test that did not run is not a pass
                     raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
-        results.append(PrefixResult(label, first, end, tuple(added), time.monotonic() - started, alone, ran))
+        seconds = time.monotonic() - started
+        results.append(PrefixResult(label, first, end, tuple(added), seconds, alone, ran, against if ran else ""))
         first = end + 1
     return results
 
@@ -158,8 +169,9 @@ def run_series_tests(tree: Path, timeout: float) -> str:
     return _pytest(tree, folders, f"tests on {tree}", timeout)
 
 
-def _pytest(tree: Path, tests: list[str], label: str, timeout: float) -> str:
-    """pytest on `tests` of `tree`, with the tree's own configuration: its summary line."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tree)]
+def _pytest(tree: Path, tests: list[str], label: str, timeout: float, python: Path | None = None) -> str:
+    """pytest on `tests` of `tree` (by `python`, the running interpreter by default), with the tree's own
+    configuration: its summary line."""
+    command = [str(python or sys.executable), "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tree)]
     output = _run([*command, "-c", str(tree / "pyproject.toml"), *tests], tree, label, timeout)
     return output.strip().splitlines()[-1] if output.strip() else ""

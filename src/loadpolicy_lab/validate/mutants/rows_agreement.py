@@ -50,8 +50,8 @@ AGREEMENT_ROWS = (
         "tied-zero3-not-agreed",
         "every rank of the group takes the same decision for a tied pair, whichever partition differs",
         Target.TREE,
-        "distributed/sharding_utils.py",
-        "    dist.all_reduce(mismatches, group=group)\n",
+        "integrations/deepspeed.py",
+        "    torch.distributed.all_reduce(mismatches, group=group)\n",
         "    pass\n",
         in_tree("test_different_stored_weights_stay_untied_with_their_own_values"),
         # the ranks whose partitions agree tie the pair, the last one does not: the launch hangs to its bound
