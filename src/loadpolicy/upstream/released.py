@@ -38,7 +38,12 @@ def released_deepspeed_python(where: Path, pin: Pin, cache: Path) -> Path:
     )
     if done.returncode:
         raise UpstreamError(f"installing {sdist.name} in {where} failed:\n{done.stderr.strip()[-3000:]}")
-    found = _ask(python, "import deepspeed; print(deepspeed.__version__, deepspeed.__file__)").split(" ", 1)
+    # the last line: importing DeepSpeed prints its accelerator's warning before
+    found = (
+        _ask(python, "import deepspeed; print(deepspeed.__version__, deepspeed.__file__)")
+        .splitlines()[-1]
+        .split(" ", 1)
+    )
     if found[0] != pin.version or not Path(found[1]).is_relative_to(layer):
         raise UpstreamError(f"{python} imports DeepSpeed {found[0]} from {found[1]}, not the release {pin.version}")
     return python
