@@ -172,7 +172,7 @@ LOADING_ROWS = (
         "a pattern that does not compile fails in get_model_conversion_mapping, before any tensor is read",
         Target.TREE,
         "conversion_mapping.py",
-        "        transform.compile_sources()\n",
+        "        transform._compile_sources()\n",
         "        pass\n",
         in_tree("test_a_key_mapping_that_does_not_compile_fails_before_loading"),
         "error not raised",
