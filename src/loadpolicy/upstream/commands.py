@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from loadpolicy.errors import positive_seconds
+from loadpolicy.upstream.branch import added_test_files, find_pull_request, render_description, write_branch
 from loadpolicy.upstream.build import build_wheel, install, local_version
 from loadpolicy.upstream.carry import SOURCE, TRANSFORMERS_MODULE, render_transformers_module
 from loadpolicy.upstream.checkout import checkout, pristine_tag
@@ -16,7 +17,14 @@ from loadpolicy.upstream.refresh import refresh
 from loadpolicy.upstream.released import released_deepspeed_python
 from loadpolicy.upstream.series import export_series, group_sizes, lint_series, read_series, require_clean
 from loadpolicy.upstream.series_check import check_series
-from loadpolicy.upstream.size_table import read_positions, size_problems, sizes_by_pr, table_rows, with_counted_sizes
+from loadpolicy.upstream.size_table import (
+    SERIES_FOLDERS,
+    read_positions,
+    size_problems,
+    sizes_by_pr,
+    table_rows,
+    with_counted_sizes,
+)
 from loadpolicy.upstream.stack import check_prefixes, run_series_tests
 from loadpolicy.upstream.stack_record import (
     require_current_record,
@@ -92,6 +100,7 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     test.set_defaults(handler=_test)
 
     _add_sizes_parser(series)
+    _add_branch_parser(series)
 
     sync = series.add_parser("sync-policy", help="write the generated policy module into a checkout")
     sync.add_argument("tree", type=Path)
@@ -179,6 +188,28 @@ def _add_sizes_parser(series: argparse._SubParsersAction[argparse.ArgumentParser
     )
     _common(sizes)
     sizes.set_defaults(handler=_sizes)
+
+
+def _add_branch_parser(series: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    branch = series.add_parser("branch", help="one PR as its upstream receives it: a branch and its description")
+    branch.add_argument("name", help="the PR's stable name (docs/upstream/names.md)")
+    branch.add_argument("tree", type=Path, help="a checkout with the PR's series applied (`loadpolicy checkout`)")
+    branch.add_argument("--docs", type=Path, default=Path("docs/upstream"), help="the PR descriptions' folder")
+    branch.add_argument("--out", type=Path, default=Path("build/upstream"), help="where NAME.md is written")
+    _common(branch)
+    branch.set_defaults(handler=_branch)
+
+
+def _branch(args: argparse.Namespace) -> str:
+    pr = find_pull_request(args.name, args.docs, args.patches)
+    folder = args.patches / SERIES_FOLDERS[pr.series]
+    base = pristine_tag(read_pin(folder / "UPSTREAM"))
+    branch, subjects = write_branch(pr, args.tree.resolve(), base)
+    tests = added_test_files(args.tree.resolve(), branch, pr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{pr.name.replace(':', '-')}.md"
+    path.write_text(render_description(pr, branch, subjects, tests, base), encoding="utf-8")
+    return f"{branch} in {args.tree} ({len(subjects)} commits on {base}); its description: {path}"
 
 
 def _sizes(args: argparse.Namespace) -> str:
