@@ -69,26 +69,7 @@ def add_series_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _common(export)
     export.set_defaults(handler=_export)
 
-    stack = series.add_parser("stack", help="each PR's prefix of the series on its own: imports, its own tests")
-    stack.add_argument("tree", type=Path, help="a checkout with the whole series applied (`loadpolicy checkout`)")
-    stack.add_argument(
-        "--timeout", type=positive_seconds, default=1200.0, help="bound on each prefix's tests, in seconds"
-    )
-    stack.add_argument(
-        "--standalone-tests-only",
-        action="store_true",
-        help="run only the tests of the PRs checked alone (every prefix still imports): the quick part, by hand",
-    )
-    stack.add_argument(
-        "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
-    )
-    stack.add_argument(
-        "--released-deepspeed",
-        action="store_true",
-        help="import and test the PRs that need nothing against the DeepSpeed release the DeepSpeed series pins",
-    )
-    _common(stack)
-    stack.set_defaults(handler=_stack)
+    _add_stack_parser(series)
 
     test = series.add_parser(
         "test", help="the three series linted, applied, installed and tested in order (what `tox -e patches` runs)"
@@ -188,6 +169,29 @@ def _add_sizes_parser(series: argparse._SubParsersAction[argparse.ArgumentParser
     )
     _common(sizes)
     sizes.set_defaults(handler=_sizes)
+
+
+def _add_stack_parser(series: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    stack = series.add_parser("stack", help="each PR's prefix of the series on its own: imports, its own tests")
+    stack.add_argument("tree", type=Path, help="a checkout with the whole series applied (`loadpolicy checkout`)")
+    stack.add_argument(
+        "--timeout", type=positive_seconds, default=1200.0, help="bound on each prefix's tests, in seconds"
+    )
+    stack.add_argument(
+        "--standalone-tests-only",
+        action="store_true",
+        help="run only the tests of the PRs checked alone (every prefix still imports): the quick part, by hand",
+    )
+    stack.add_argument(
+        "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
+    )
+    stack.add_argument(
+        "--released-deepspeed",
+        action="store_true",
+        help="import and test the PRs that need nothing against the DeepSpeed release the DeepSpeed series pins",
+    )
+    _common(stack)
+    stack.set_defaults(handler=_stack)
 
 
 def _add_branch_parser(series: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
