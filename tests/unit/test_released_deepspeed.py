@@ -34,8 +34,13 @@ def _sdist(cache: Path, version: str) -> Pin:
     return Pin("deepspeed", version, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
 
 
-def test_the_layer_imports_the_release_above_what_the_environment_has(tmp_path: Path) -> None:
+def test_the_layer_imports_the_release_above_what_the_environment_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("setuptools")  # the stand-in builds without isolation, with the environment's setuptools
+    # as under tox: constraints that pin another DeepSpeed do not stop the pinned sdist
+    (tmp_path / "constraints.txt").write_text("deepspeed==9.9.9\n", encoding="utf-8")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(tmp_path / "constraints.txt"))
     pin = _sdist(tmp_path / "cache", "0.0.1")
     python = released_deepspeed_python(tmp_path / "layer", pin, tmp_path / "cache")
     code = "import deepspeed, pytest; print(deepspeed.__version__, deepspeed.__file__)"

@@ -33,8 +33,11 @@ def released_deepspeed_python(where: Path, pin: Pin, cache: Path) -> Path:
     sdist = fetch_sdist(pin, cache)
     # built against the torch below (an isolated build would fetch another one, on Linux the CUDA build of GBs)
     command = [*pip_command(str(python)), "install", "--quiet", "--no-deps", "--no-build-isolation", str(sdist)]
+    # the verified sdist as it is, without its dependencies: the environment's constraints (which pin DeepSpeed's
+    # version, the series' too) are not for it
+    environment = {key: value for key, value in os.environ.items() if key != "PIP_CONSTRAINT"}
     done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"}, check=False
+        command, capture_output=True, text=True, env=environment | {"PIP_NO_INPUT": "1"}, check=False
     )
     if done.returncode:
         raise UpstreamError(f"installing {sdist.name} in {where} failed:\n{done.stderr.strip()[-3000:]}")
