@@ -28,7 +28,7 @@ from loadpolicy_lab.models.published import SHAPES_BY_NAME
 from loadpolicy_lab.perf.cases import LOADS, PARTITION_READS, Case, Reader, has_autoep_preset
 from loadpolicy_lab.perf.rows import Row
 from loadpolicy_lab.perf.widths_run import MAX_GIB, WidthsFailedError, load_once, prepare_checkpoint, read_once
-from loadpolicy_lab.perf.writer import figure, grouped, median, ratio, table, values, write
+from loadpolicy_lab.perf.writer import figure, median, ratio, table, values, write
 
 
 # transformers' switch for sequential loading, which the patched partition reads follow
@@ -162,12 +162,11 @@ def _round_table(rows: list[Row]) -> list[str]:
 
 
 def _spread(rows: list[Row]) -> list[str]:
-    groups = grouped(rows)
     ways = list(dict.fromkeys(row.way for row in rows))
     first = ways[0]
     lines = []
     for way in ways:
-        mine = next(launches for (_, _, name), launches in groups.items() if name == way)
+        mine = [row for row in rows if row.way == way]
         found = values(mine, lambda row: row.seconds)
         if not found:
             continue
