@@ -47,10 +47,11 @@ SERIES = (
     ("transformers", ROOT / "patches" / "series", ""),
     ("DeepSpeed series", ROOT / "patches" / "deepspeed" / "series", "`patches/deepspeed/` "),
     ("PEFT series", ROOT / "patches" / "peft" / "series", "`patches/peft/` "),
+    ("upstream-ep series", ROOT / "patches" / "upstream-ep" / "series", "`patches/upstream-ep/` "),
 )
 
-NAME = re.compile(r"(?:(?:deepspeed|peft|fork-only):)?[a-z0-9]+(?:-[a-z0-9]+)*")
-_PREFIXED = re.compile(r"`(?P<name>(?:deepspeed|peft|fork-only):[^`\s]+)`")
+NAME = re.compile(r"(?:(?:deepspeed|peft|fork-only|upstream-ep):)?[a-z0-9]+(?:-[a-z0-9]+)*")
+_PREFIXED = re.compile(r"`(?P<name>(?:deepspeed|peft|fork-only|upstream-ep):[^`\s]+)`")
 _CITED = re.compile(r"\[`(?P<name>[^`\n]+)`\]\((?P<target>[^)\s]+)\)")
 _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 _ROW = re.compile(r"^\| `(?P<name>[^`]+)` \|(?P<rest>.*)\|\s*$", re.MULTILINE)

@@ -1,6 +1,6 @@
 """docs/upstream/README.md's size and dependency columns are the series' own: `loadpolicy dev series sizes --docs
 docs/upstream` writes the counts from the patches' hunks, and this test holds every row of the three PR tables
-(transformers, DeepSpeed, PEFT) to them, and every PR of the series to having a row."""
+(transformers, upstream-ep, DeepSpeed, PEFT) to them, and every PR of the series to having a row."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ UPSTREAM = ROOT / "docs" / "upstream"
 
 def test_every_pr_table_row_has_the_sizes_and_dependencies_of_its_patches() -> None:
     rows = table_rows((UPSTREAM / "README.md").read_text(encoding="utf-8"))
-    assert len(rows) >= 28  # the transformers, DeepSpeed and PEFT tables all read
+    assert len(rows) >= 20  # the transformers, upstream-ep, DeepSpeed and PEFT tables all read
     assert size_problems(rows, read_positions(UPSTREAM / "names.md"), sizes_by_pr(ROOT / "patches")) == []
 
 

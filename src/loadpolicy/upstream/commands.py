@@ -25,7 +25,7 @@ from loadpolicy.upstream.size_table import (
     table_rows,
     with_counted_sizes,
 )
-from loadpolicy.upstream.stack import check_prefixes, run_series_tests
+from loadpolicy.upstream.stack import check_prefixes, run_series_tests, upstream_bound_series
 from loadpolicy.upstream.stack_record import (
     require_current_record,
     require_tree_is_series,
@@ -151,8 +151,17 @@ def _stack(args: argparse.Namespace) -> str:
         deepspeed = read_pin(args.patches / "deepspeed" / "UPSTREAM")
         python = released_deepspeed_python(tree.parent / f"{tree.name}-released", deepspeed, args.cache)
         released = (python, f"released DeepSpeed {deepspeed.version}")
-    results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, args.standalone_tests_only, released)
+    every, alone_only = args.every_earlier_test, args.standalone_tests_only
+    results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, alone_only, released, every)
     lines = [r.describe() for r in results]
+    for nested in upstream_bound_series(args.patches, pin):
+        # a series of its own on the pristine sources, whose PRs need the DeepSpeed series installed here
+        nested_tree = tree.parent / f"{tree.name}-{nested.name}"
+        checkout(nested_tree, nested, args.cache)
+        nested_results = check_prefixes(
+            nested_tree, read_series(nested), pristine_tag(pin), args.timeout, alone_only, None, every
+        )
+        lines += [f"patches/{nested.name} {r.describe()}" for r in nested_results]
     if args.write_record is None:
         return "\n".join(lines)
     write_record(args.write_record, series, digest, lines)
@@ -184,6 +193,11 @@ def _add_stack_parser(series: argparse._SubParsersAction[argparse.ArgumentParser
     )
     stack.add_argument(
         "--write-record", type=Path, metavar="FILE", help="after the full check, record it for these patches in FILE"
+    )
+    stack.add_argument(
+        "--every-earlier-test",
+        action="store_true",
+        help="at each PR's place in the series, also run every earlier PR's tests (as a maintainer's CI would)",
     )
     stack.add_argument(
         "--released-deepspeed",

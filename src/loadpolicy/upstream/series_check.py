@@ -1,4 +1,4 @@
-"""`loadpolicy dev series test WORK`: the three series checked, applied, installed and tested, in the order each needs.
+"""`loadpolicy dev series test WORK`: the series checked, applied, installed and tested, in the order each needs.
 
 First the full stack check's record for exactly this series and these pins; then the DeepSpeed series (its lint, a
 checkout installed, its own tests), so that the PEFT and transformers trees run against it; then the PEFT series the
@@ -67,6 +67,13 @@ def series_steps(work: Path, patches: Path, cache: Path, tests: Path, stack_reco
         Step(
             "the DeepSpeed series' tests",
             _pytest("-c", str(deepspeed / "setup.cfg"), "--rootdir", str(deepspeed), str(deepspeed / "tests")),
+        ),
+        # the smaller EP PRs proposed upstream on the pristine sources: their tests are the stack check's
+        Step(
+            "the upstream-ep series' lint",
+            _loadpolicy(
+                "dev", "series", "lint", "--apply", "--patches", str(patches / "upstream-ep"), "--cache", str(cache)
+            ),
         ),
         *_applied("PEFT", patches / "peft", peft, cache),
         Step(

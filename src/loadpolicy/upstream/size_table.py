@@ -15,9 +15,14 @@ from loadpolicy.upstream.series import GroupSize, group_sizes, read_series
 
 
 # the position column's series names, and each series' folder under the transformers series' own
-SERIES_FOLDERS = {"transformers": ".", "DeepSpeed series": "deepspeed", "PEFT series": "peft"}
+SERIES_FOLDERS = {
+    "transformers": ".",
+    "DeepSpeed series": "deepspeed",
+    "PEFT series": "peft",
+    "upstream-ep series": "upstream-ep",
+}
 _NAME_ROW = re.compile(
-    r"^\| `(?P<name>[a-z0-9:-]+)` \|.*\| (?P<series>transformers|DeepSpeed series|PEFT series) PR (?P<pr>\d+):"
+    r"^\| `(?P<name>[a-z0-9:-]+)` \|.*\| (?P<series>transformers|DeepSpeed series|PEFT series|upstream-ep series) PR (?P<pr>\d+):"
 )
 _ROW = re.compile(r"^\| \[`(?P<name>[a-z0-9:-]+)`\]\([^)]*\) \|")
 SIZES, TESTS, NEEDS = "src +/-", "tests +", "needs"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadpolicy.upstream.git import git
-from loadpolicy.upstream.pin import UpstreamError
+from loadpolicy.upstream.pin import Pin, UpstreamError, read_pin
 from loadpolicy.upstream.prefix_style import python_files_changed, ruff_for, style_problems
 from loadpolicy.upstream.series import Series
 
@@ -33,6 +33,7 @@ class PrefixResult:
     alone: bool  # checked on the pristine sources with its own patches only
     tests_ran: bool = True  # False: its tests left to the full check
     against: str = ""  # the DeepSpeed its tests ran against, where not the running environment's
+    earlier_tests: int = 0  # the tests of the PRs before it, run with its own at its place in the series
 
     def describe(self) -> str:
         where = (
@@ -44,6 +45,8 @@ class PrefixResult:
         tests = (
             f"its {len(self.tests)} test(s) pass" if self.tests_ran else f"its {len(self.tests)} test(s) not run here"
         )
+        if self.earlier_tests:
+            tests += f", and with the {self.earlier_tests} of the PRs before it at patches 1-{self.patches}"
         return f"{self.label}: {where} apply, import and pass the tree's ruff; {tests} ({self.seconds:.0f}s)"
 
 
@@ -121,6 +124,7 @@ def check_prefixes(
     timeout: float = 1200.0,
     standalone_tests_only: bool = False,
     released: tuple[Path, str] | None = None,
+    every_earlier_test: bool = False,
 ) -> list[PrefixResult]:
     """For each PR: a worktree at its last patch (or its patches alone on `base`); it imports, and its tests pass.
 
@@ -128,13 +132,18 @@ def check_prefixes(
     their tests left to the full check (`tox -e stack`) and to the run of every test on the whole series.
     `released`: an interpreter and what it has (`released.released_deepspeed_python`, the DeepSpeed release) that
     imports and tests the PRs checked alone, which must not need the DeepSpeed series.
+    `every_earlier_test`: at each PR's place in the series (patches 1 to its last), the tests of every PR before it
+    run with its own, as a maintainer's CI runs every test once the PR is merged; for a PR also checked alone, that is
+    a second worktree (against `released` while every PR so far needs nothing).
     """
     commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
     if len(commits) != len(series.names):
         raise UpstreamError(f"{tree} has {len(commits)} commits on {base}, the series {len(series.names)} patches")
-    results, first = [], 1
+    results, first, all_alone = [], 1, True
+    earlier: list[str] = []  # the tests of the PRs checked so far
     for label, end in series.pull_requests():
         started, alone = time.monotonic(), series.needs_nothing(label)
+        all_alone = all_alone and alone
         before = _tests_at(tree, base, commits[first - 2]) if first > 1 else set()
         added = sorted(_tests_at(tree, base, commits[end - 1]) - before)
         ran = alone or not standalone_tests_only
@@ -147,16 +156,41 @@ def check_prefixes(
             if problems := style_problems(worktree, changed, ruff_for(worktree)):
                 where = "alone on the pristine sources" if alone else f"on patches 1-{end}"
                 raise UpstreamError(f"{label}, {where}, fails the tree's own ruff:\n" + "\n".join(problems))
-            if added and ran:
-                summary = _pytest(worktree, added, label, timeout, python)
-                if "skipped" in summary:  # a PR's own test that did not run is not a pass
-                    raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
+            with_earlier = every_earlier_test and ran and not alone
+            if tests := [*earlier, *added] if with_earlier else added if ran else []:
+                _pass(_pytest(worktree, tests, label, timeout, python), label)
         finally:
             git(tree, "worktree", "remove", "--force", str(worktree))
+        if every_earlier_test and ran and alone and earlier:
+            in_series = _worktree(tree, base, commits, first, end, alone=False)
+            try:
+                in_python = python if all_alone else Path(sys.executable)
+                _pass(_pytest(in_series, [*earlier, *added], f"{label} at patches 1-{end}", timeout, in_python), label)
+            finally:
+                git(tree, "worktree", "remove", "--force", str(in_series))
         seconds = time.monotonic() - started
-        results.append(PrefixResult(label, first, end, tuple(added), seconds, alone, ran, against if ran else ""))
+        ran_earlier = len(earlier) if every_earlier_test and ran else 0
+        results.append(
+            PrefixResult(label, first, end, tuple(added), seconds, alone, ran, against if ran else "", ran_earlier)
+        )
+        earlier += added
         first = end + 1
     return results
+
+
+def _pass(summary: str, label: str) -> None:
+    if "skipped" in summary:  # a test that did not run is not a pass
+        raise UpstreamError(f"{label}: some of its tests were skipped ({summary}); run with RUN_SLOW=1")
+
+
+def upstream_bound_series(patches: Path, pin: Pin) -> list[Path]:
+    """The series beside the main one that propose more transformers PRs on the same pristine sources
+    (`patches/upstream-ep`), in name order; the DeepSpeed and PEFT series patch other packages."""
+    return [
+        listing.parent
+        for listing in sorted(patches.glob("*/series"))
+        if (listing.parent / "UPSTREAM").is_file() and read_pin(listing.parent / "UPSTREAM") == pin
+    ]
 
 
 # Where the series keeps its tests in transformers' layout (the sdist has none of these folders of its own)

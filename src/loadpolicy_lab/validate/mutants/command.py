@@ -11,6 +11,8 @@ from loadpolicy_lab.validate.mutants.paths import RECORD
 from loadpolicy_lab.validate.mutants.run import MutationError, Options, mutants
 from loadpolicy_lab.validate.mutants.table import MUTATIONS
 from loadpolicy_lab.validate.mutants.table_check import TableCheckError, check_table
+from loadpolicy_lab.validate.mutants.upstream_ep import ROWS as UPSTREAM_EP_ROWS
+from loadpolicy_lab.validate.mutants.upstream_ep import run_upstream_ep
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,10 +53,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run nothing: check in seconds that every row applies to this checkout, every check selects a test or "
         f"case, and every row's record in {RECORD} is of the row as it is",
     )
+    parser.add_argument(
+        "--upstream-ep",
+        action="store_true",
+        help="the table of patches/upstream-ep instead, on a fresh checkout of it under --out: "
+        f"{[row.name for row in UPSTREAM_EP_ROWS]}",
+    )
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> str:
+    if args.upstream_ep:
+        caught, table = run_upstream_ep(args.patches, args.cache, args.out, args.names, max(args.timeout, 900.0))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "mutants-upstream-ep.md").write_text(table, encoding="utf-8")
+        if not caught:
+            raise MutationError(f"a baseline failed or a mutation was not caught:\n{table}")
+        return table
     if args.check_table is not None:
         problems = check_table(args.check_table, args.tests, args.record_paths or RECORD, args.names)
         if problems:
