@@ -21,18 +21,23 @@ from loadpolicy.upstream.stack import node_ids_in_source
 
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
+# the fork's own form of EP under ZeRO-3 (its upstream form is patches/upstream-ep), and the generated module after it
+FORK_EP = "fork-only: EP under ZeRO-3 as the load policy"
+FORK_GENERATED = "fork-only: the generated module"
 
 
 def _carried_upstream(tmp_path: Path) -> ModuleType:
-    """The policy module as the upstream PRs leave it (the EP PR adds it, a later PR may edit it), executed on its own:
-    it needs only stdlib. Only the hunks for that file are applied, in series order, with `git apply --include`."""
+    """The policy module as the fork's own EP patches leave it (its EP under ZeRO-3 group adds it, a later patch may
+    edit it), before the generated module replaces it, executed on its own: it needs only stdlib. Only the hunks for
+    that file are applied, in series order, with `git apply --include`."""
     series = read_series(PATCHES)
     adders = [p for p in series.paths if f"--- /dev/null\n+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
     assert len(adders) == 1, f"exactly one patch must add {TRANSFORMERS_MODULE}, found {adders}"
-    ep_end = next(end for label, end in series.pull_requests() if "EP under ZeRO-3 loads" in label)
-    assert series.names.index(adders[0].name) < ep_end, "the EP under ZeRO-3 PR must add it"
-    upstream = series.paths[: series.pull_requests()[-1][1]]
-    touching = [p for p in upstream if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
+    ep_group = next(names for label, names in series.groups if label.startswith(FORK_EP))
+    assert adders[0].name in ep_group, "the fork's EP under ZeRO-3 patches must add it"
+    generated = next(names for label, names in series.groups if label.startswith(FORK_GENERATED))
+    before_generated = series.paths[: series.names.index(generated[0])]
+    touching = [p for p in before_generated if f"+++ b/{TRANSFORMERS_MODULE}\n" in p.read_text("utf-8")]
     subprocess.run(["git", "apply", f"--include={TRANSFORMERS_MODULE}", *map(str, touching)], cwd=tmp_path, check=True)
     source = (tmp_path / TRANSFORMERS_MODULE).read_text(encoding="utf-8")
     module = ModuleType("carried_load_policy")
@@ -125,14 +130,11 @@ def test_the_series_is_a_stack_of_pull_requests_then_the_fork_only_patches() -> 
     series = read_series(PATCHES)
     labels = [label for label, _ in series.pull_requests()]
     assert [label.split(":")[0] for label in labels] == [f"PR {n}" for n in range(1, len(labels) + 1)]
-    # the small independent fixes first, each applying to the pristine sources alone; then EP under ZeRO-3
-    standalone = [series.needs_nothing(label) for label in labels]
-    assert standalone[:5] == [True] * 5
-    assert "PR 6: EP under ZeRO-3 loads and trains" in labels
-    after_ep = standalone[labels.index("PR 6: EP under ZeRO-3 loads and trains") :]
-    # fixes found after the stack was cut come at its end: `Needs: none` lets a maintainer merge them at any point
-    trailing = next((i for i, alone in enumerate(reversed(after_ep)) if not alone), len(after_ep))
-    assert not any(after_ep[: len(after_ep) - trailing])
+    # the pull requests are small independent fixes, each applying to the pristine sources alone; the fork's own
+    # forms of EP under ZeRO-3 and partition I/O follow as fork-only patches, the first of them its EP group
+    assert len(labels) >= 8
+    assert all(series.needs_nothing(label) for label in labels)
+    assert series.groups[len(labels)][0].startswith(FORK_EP)
     ends = [end for _, end in series.pull_requests()]
     assert ends == sorted(ends)
     assert ends[-1] < len(series.names)  # the fork-only patches come last

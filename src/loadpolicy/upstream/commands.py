@@ -155,11 +155,11 @@ def _stack(args: argparse.Namespace) -> str:
     results = check_prefixes(tree, series, pristine_tag(pin), args.timeout, alone_only, released, every)
     lines = [r.describe() for r in results]
     for nested in upstream_bound_series(args.patches, pin):
-        # a series of its own on the pristine sources, whose PRs need the DeepSpeed series installed here
+        # a series of its own on the pristine sources: a PR that needs nothing runs against released DeepSpeed too
         nested_tree = tree.parent / f"{tree.name}-{nested.name}"
         checkout(nested_tree, nested, args.cache)
         nested_results = check_prefixes(
-            nested_tree, read_series(nested), pristine_tag(pin), args.timeout, alone_only, None, every
+            nested_tree, read_series(nested), pristine_tag(pin), args.timeout, alone_only, released, every
         )
         lines += [f"patches/{nested.name} {r.describe()}" for r in nested_results]
     if args.write_record is None:

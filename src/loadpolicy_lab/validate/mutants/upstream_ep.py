@@ -64,8 +64,8 @@ ROWS = (
     Row(
         "zero3-loader-under-ep",
         MODELING,
-        "            and not is_expert_parallel_under_zero3(distributed_config)\n        )",
-        "        )",
+        "and not self._is_expert_parallel_under_zero3()\n",
+        "\n",
         TRAINS,
     ),
     Row(
@@ -99,9 +99,16 @@ ROWS = (
     Row(
         "sub-model-zero3-init",
         MODELING,
-        "        needs_zero3_init = needs_zero3_init and get_torch_context_manager_or_global_device()",
-        "        needs_zero3_init = needs_zero3_init or get_torch_context_manager_or_global_device()",
+        "                init_contexts.append(set_zero3_state())\n",
+        "                pass\n",
         "sub_model_built_inside",
+    ),
+    Row(
+        "experts-on-another-dim-taken",
+        DEEPSPEED,
+        "                if param.data.placements != (Shard(0),):",
+        "                if False:",
+        "another_dim",
     ),
     Row(
         "layout-unchecked",
@@ -120,22 +127,22 @@ ROWS = (
     Row(
         "trainer-takes-sharded-model",
         TRAINER,
-        "        if self.is_distributed_loading_by_transformers and self.is_deepspeed_enabled:",
+        "        if self.is_distributed_loading_by_transformers and self.is_deepspeed_enabled and shards_experts:",
         "        if False:",
         "refuses",
     ),
     Row(
         "zero2-not-refused",
         MODELING,
-        '        if (getattr(distributed_config, "ep_size", None) or 1) > 1 and deepspeed_config() is not None:',
-        "        if is_expert_parallel_under_zero3(distributed_config):",
+        "        check_deepspeed_stage_for_expert_parallel(distributed_config)\n",
+        "",
         "zero2",
     ),
     Row(
         "zero2-check-passes",
         DEEPSPEED,
-        "    if not is_deepspeed_zero3_enabled():\n        stage",
-        "    if False:\n        stage",
+        "        and not is_deepspeed_zero3_enabled()\n    ):",
+        "        and False\n    ):",
         "zero2",
     ),
     Row("experts-saved-as-shards", DEEPSPEED, "                    tensor = torch.cat(shards)\n", "", SAVES),
@@ -145,6 +152,13 @@ ROWS = (
         "            return gather_expert_parallel_state_dict(model_to_save, state_dict, save_on_this_rank)\n",
         "            pass\n",
         SAVES,
+    ),
+    Row(
+        "trainer-consolidates-experts-first",
+        TRAINER,
+        "                    state_dict = None  # `save_pretrained` gathers experts and partitions",
+        "                    state_dict = self.accelerator.get_state_dict(self.deepspeed)  #",
+        "the_trainer_saves",
     ),
     Row(
         "trainer-saves-on-the-writer-only",
