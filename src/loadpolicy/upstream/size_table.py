@@ -22,7 +22,8 @@ SERIES_FOLDERS = {
     "upstream-ep series": "upstream-ep",
 }
 _NAME_ROW = re.compile(
-    r"^\| `(?P<name>[a-z0-9:-]+)` \|.*\| (?P<series>transformers|DeepSpeed series|PEFT series|upstream-ep series) PR (?P<pr>\d+):"
+    r"^\| `(?P<name>[a-z0-9:-]+)` \|.*\| "
+    r"(?P<series>transformers|DeepSpeed series|PEFT series|upstream-ep series) PR (?P<pr>\d+):"
 )
 _ROW = re.compile(r"^\| \[`(?P<name>[a-z0-9:-]+)`\]\([^)]*\) \|")
 SIZES, TESTS, NEEDS = "src +/-", "tests +", "needs"

@@ -170,17 +170,18 @@ ROWS = (
 )
 
 
-def _pytest(tree: Path, tests: str, timeout: float) -> tuple[bool, str]:
-    """Whether the selected tests pass on `tree`, and pytest's last lines."""
+def _pytest(tree: Path, tests: str, timeout: float) -> tuple[str, str]:
+    """ "passed", "failed" (a test failed) or "error" (nothing ran: collection, timeout), and what pytest said."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "RUN_SLOW": "1", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TEST_FILE, "-k", tests]
     try:
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False, f"no result within {timeout:.0f}s"
+        return "error", f"no result within {timeout:.0f}s"
     lines = (done.stdout + done.stderr).strip().splitlines()
-    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return done.returncode == 0, " | ".join(failed[:3] or lines[-1:])
+    failed = [line for line in lines if line.startswith("FAILED")]
+    said = " | ".join(failed[:3] or [line for line in lines if line.startswith("ERROR")][:1] or lines[-1:])
+    return ("passed" if done.returncode == 0 else "failed" if failed else "error"), said
 
 
 def run_upstream_ep(patches: Path, cache: Path, out: Path, names: list[str], timeout: float) -> tuple[bool, str]:
@@ -188,15 +189,15 @@ def run_upstream_ep(patches: Path, cache: Path, out: Path, names: list[str], tim
     rows = [row for row in ROWS if not names or row.name in names]
     if unknown := sorted(set(names) - {row.name for row in ROWS}):
         raise ValueError(f"unknown upstream-ep mutations {unknown}; accepted: {[row.name for row in ROWS]}")
-    tree = out / "upstream-ep"
+    tree = (out / "upstream-ep").resolve()  # the tests run from the tree: PYTHONPATH must not be relative
     checkout(tree, patches / "upstream-ep", cache)
     lines = ["| mutation | file | tests (-k) | outcome | s | what failed |", "|---|---|---|---|---:|---|"]
     ok = True
     for tests in sorted({row.tests for row in rows}):
         started = time.monotonic()
-        passed, said = _pytest(tree, tests, timeout)
-        ok &= passed
-        outcome = "passes" if passed else "FAILS unmutated"
+        result, said = _pytest(tree, tests, timeout)
+        ok &= result == "passed"
+        outcome = "passes" if result == "passed" else "FAILS unmutated"
         lines.append(f"| (baseline) | | `{tests}` | {outcome} | {time.monotonic() - started:.0f} | {said} |")
     for row in rows:
         started, original = time.monotonic(), row.apply(tree)
@@ -205,11 +206,12 @@ def run_upstream_ep(patches: Path, cache: Path, out: Path, names: list[str], tim
             lines.append(f"| {row.name} | {row.path} | `{row.tests}` | NOT APPLIED | 0 | text not found once |")
             continue
         try:
-            passed, said = _pytest(tree, row.tests, timeout)
+            result, said = _pytest(tree, row.tests, timeout)
         finally:
             (tree / row.path).write_text(original, encoding="utf-8")
-        ok &= not passed
-        outcome = "NOT CAUGHT" if passed else "caught"
+        # caught: a test ran and failed; a module that did not even import catches nothing
+        ok &= result == "failed"
+        outcome = {"failed": "caught", "passed": "NOT CAUGHT", "error": "NOT CAUGHT, nothing ran"}[result]
         lines.append(
             f"| {row.name} | {row.path} | `{row.tests}` | {outcome} | {time.monotonic() - started:.0f} | {said} |"
         )
