@@ -8,6 +8,7 @@ first pass unmutated. Needs DeepSpeed with `deepspeed:place-expert-parameters` i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -179,9 +180,12 @@ def _pytest(tree: Path, tests: str, timeout: float) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         return "error", f"no result within {timeout:.0f}s"
     lines = (done.stdout + done.stderr).strip().splitlines()
+    summary = lines[-1] if lines else ""
     failed = [line for line in lines if line.startswith("FAILED")]
-    said = " | ".join(failed[:3] or [line for line in lines if line.startswith("ERROR")][:1] or lines[-1:])
-    return ("passed" if done.returncode == 0 else "failed" if failed else "error"), said
+    said = " | ".join([*failed[:2], summary.strip("= ")])
+    # pytest's summary counts failed tests (subtests included); exit 1 is "tests ran and some failed"
+    ran_and_failed = done.returncode == 1 and re.search(r"\b\d+ failed\b", summary) is not None
+    return ("passed" if done.returncode == 0 else "failed" if ran_and_failed else "error"), said
 
 
 def run_upstream_ep(patches: Path, cache: Path, out: Path, names: list[str], timeout: float) -> tuple[bool, str]:
