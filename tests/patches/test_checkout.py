@@ -51,8 +51,8 @@ def test_reexporting_an_unchanged_branch_is_byte_identical(patched: Path, pin: P
     out.mkdir()
     names = export_series(patched, pristine_tag(pin), out)
     assert names == list(read_series(PATCHES).names)
-    # the DeepSpeed and PEFT series have their own directories; STACK is the record of the full stack check
-    comparison = filecmp.dircmp(out, PATCHES, ignore=["UPSTREAM", "STACK", "deepspeed", "peft"])
+    # the DeepSpeed, PEFT and upstream-ep series have their own directories; STACK is the record of the stack check
+    comparison = filecmp.dircmp(out, PATCHES, ignore=["UPSTREAM", "STACK", "deepspeed", "peft", "upstream-ep"])
     assert comparison.diff_files == []
     assert comparison.left_only == []
     assert comparison.right_only == []
@@ -187,3 +187,15 @@ def test_the_installed_patched_tree_names_its_series_in_its_version(pin: Pin) ->
     expected = local_version(pin, read_series(PATCHES))
     assert transformers.__version__ == expected
     assert importlib.metadata.version("transformers") == expected
+
+
+def test_the_upstream_ep_series_reexports_byte_identical(pin: Pin, tmp_path: Path) -> None:
+    series = PATCHES / "upstream-ep"
+    tree = tmp_path / "tf-ep"
+    checkout(tree, series, CACHE)
+    out = tmp_path / "patches"
+    out.mkdir()
+    names = export_series(tree, pristine_tag(pin), out)
+    assert names == list(read_series(series).names)
+    _, mismatch, errors = filecmp.cmpfiles(out, series, [*names, "series"], shallow=False)
+    assert mismatch == errors == []
